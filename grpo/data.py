@@ -1,0 +1,181 @@
+"""Stage 0: JSONL -> verl parquet.
+
+Input lines: {"text": str, "language": "zh"|"en" (optional), "id": str|int (optional)}.
+Every bad line of every file is reported with file and line number; on any problem nothing is
+written (each parquet goes to a temporary file and is renamed only when all files are good).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from grpo.config import resolve_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Problem:
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+class DataError(ValueError):
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__(f"{len(problems)} bad line(s):\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def sample_id(text: str, language: str) -> str:
+    """Stable id for a line without one: the same text and language always give the same id."""
+    return hashlib.sha1(f"{language}\t{text}".encode("utf-8")).hexdigest()[:16]
+
+
+def read_jsonl(path: str | Path, cfg: DictConfig) -> tuple[list[dict], list[Problem]]:
+    """Parse and validate; returns the good rows and every problem found."""
+    path = Path(path)
+    rows, problems = [], []
+    languages = list(cfg.languages)
+    size = path.stat().st_size
+    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=f"read {path.name}",
+                                     disable=size < (1 << 20), leave=False) as bar:
+        for lineno, raw in enumerate(f, start=1):
+            bar.update(len(raw))
+            if not raw.strip():
+                continue
+            problem = None
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                problem = "not valid UTF-8"
+            except json.JSONDecodeError as exc:
+                problem = f"malformed JSON ({exc.msg} at column {exc.colno})"
+            else:
+                problem = _validate(row, languages, cfg)
+            if problem:
+                problems.append(Problem(str(path), lineno, problem))
+                continue
+            language = row.get("language", cfg.default_language)
+            text = row["text"].strip()
+            rows.append({"text": text, "language": language, "line": lineno,
+                         "id": str(row["id"]) if "id" in row else sample_id(text, language)})
+    return rows, problems
+
+
+def _validate(row, languages: list[str], cfg: DictConfig) -> str | None:
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {type(row).__name__}"
+    if "text" not in row:
+        return "missing field 'text'"
+    text = row["text"]
+    if not isinstance(text, str):
+        return f"'text' must be a string, got {type(text).__name__}"
+    if not text.strip():
+        return "'text' is empty"
+    if len(text.strip()) > cfg.max_text_chars:
+        return f"'text' has {len(text.strip())} characters, more than data.max_text_chars={cfg.max_text_chars}"
+    language = row.get("language", cfg.default_language)
+    if language not in languages:
+        return f"unknown language {language!r}; expected one of {languages}"
+    if "id" in row and (isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)) or str(row["id"]) == ""):
+        return "'id' must be a non-empty string or an integer"
+    return None
+
+
+def check_duplicates(rows: list[dict], path: str, policy: str) -> tuple[list[dict], list[Problem], int]:
+    """Duplicate (text, language) pairs: keep (default), drop all but the first, or error. Ids must be unique."""
+    if policy not in ("keep", "drop", "error"):
+        raise ValueError(f"data.duplicates must be keep, drop or error, got {policy!r}")
+    problems, kept, seen_text, seen_id = [], [], {}, {}
+    duplicates = 0
+    for row in rows:
+        key = (row["text"], row["language"])
+        if row["id"] in seen_id and seen_id[row["id"]] != key:
+            problems.append(Problem(path, row["line"], f"id {row['id']!r} already used for a different text"))
+            continue
+        seen_id[row["id"]] = key
+        if key in seen_text:
+            duplicates += 1
+            if policy == "error":
+                problems.append(Problem(path, row["line"], f"duplicate text (first at line {seen_text[key]})"))
+            if policy != "keep":
+                continue
+        else:
+            seen_text[key] = row["line"]
+        kept.append(row)
+    return kept, problems, duplicates
+
+
+def to_records(rows: list[dict], cfg: DictConfig, split: str) -> list[dict]:
+    """verl's RL dataset schema: chat-message prompt, ground truth for the reward, extra_info."""
+    return [{
+        "data_source": cfg.data_source,
+        "prompt": [{"role": "user", "content": row["text"]}],
+        "ability": cfg.ability,
+        "reward_model": {"style": "rule", "ground_truth": row["text"]},
+        "extra_info": {"index": i, "split": split, "text": row["text"], "language": row["language"],
+                       "sample_id": row["id"]},
+    } for i, row in enumerate(rows)]
+
+
+def write_parquet(records: list[dict], out_path: Path) -> None:
+    import datasets
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    try:
+        datasets.Dataset.from_list(records).to_parquet(str(tmp))
+        tmp.replace(out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def prepare(cfg: DictConfig) -> dict[str, Path]:
+    """Validate every input file first, then write all parquet files (or none)."""
+    splits = {"train": cfg.train_file, "val": cfg.val_file}
+    all_records, problems, outputs = {}, [], {}
+    for split, file in splits.items():
+        if not file:
+            continue
+        path = resolve_path(file)
+        if not path.exists():
+            problems.append(Problem(str(path), 0, "file not found"))
+            continue
+        rows, bad = read_jsonl(path, cfg)
+        rows, dup_problems, n_dup = check_duplicates(rows, str(path), cfg.duplicates)
+        problems += bad + dup_problems
+        if n_dup:
+            log.info("%s: %d duplicate text(s) (%s)", path.name, n_dup, cfg.duplicates)
+        if not rows and not bad:
+            problems.append(Problem(str(path), 0, "no data lines"))
+        all_records[split] = to_records(rows, cfg, split)
+    if problems:
+        raise DataError(problems)
+    out_dir = resolve_path(cfg.out_dir)
+    for split, records in all_records.items():
+        outputs[split] = out_dir / f"{split}.parquet"
+        write_parquet(records, outputs[split])
+        log.info("%s: %d rows -> %s", split, len(records), outputs[split])
+    return outputs
+
+
+def run(cfg: DictConfig) -> int:
+    try:
+        prepare(cfg.data)
+    except DataError as exc:
+        log.error("data stage failed, nothing written. %s", exc)
+        return 1
+    return 0

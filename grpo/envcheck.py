@@ -1,0 +1,31 @@
+"""Fail fast after setup: import every library the pipeline needs and check the pins that matter."""
+
+import importlib
+import sys
+
+REQUIRED = [
+    "torch", "transformers", "verl.trainer.ppo.core_algos", "vllm", "ray.serve", "funasr",
+    "cosyvoice.llm.llm", "cosyvoice.flow.flow", "cosyvoice.hifigan.generator", "hyperpyyaml",
+    "wetext", "pypinyin", "jiwer", "datasets", "hydra", "httpx", "sentencepiece", "torchaudio",
+]
+
+
+def main() -> int:
+    failed = []
+    for name in REQUIRED:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # report every failure, not only the first
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    if failed:
+        print("[envcheck] these imports failed:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
+    import torch
+    import transformers
+    import vllm
+    print(f"[envcheck] ok: torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

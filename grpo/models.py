@@ -1,0 +1,112 @@
+"""Stage -1: the models every later stage needs, then the LLM converted to Hugging Face.
+
+- profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.tiny_models),
+  the synthetic codebook, seeded prompt speakers, and warm-start the LLM on codebook targets.
+- profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B and SenseVoiceSmall.
+Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.convert), with the bias report beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from grpo.config import resolve_path
+
+log = logging.getLogger(__name__)
+
+BUILD_STAMP = ".tiny_build.json"
+
+
+def _read_rows(paths) -> list[dict]:
+    rows = []
+    for p in paths:
+        p = resolve_path(p)
+        if p.exists():
+            rows += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows
+
+
+def _stamp(cfg: DictConfig) -> str:
+    """What the tiny build depends on: its sizes, the codebook settings and the data the tokenizers learn from."""
+    h = hashlib.sha256(json.dumps(OmegaConf.to_container(cfg.model.tiny, resolve=True), sort_keys=True).encode())
+    h.update(json.dumps(OmegaConf.to_container(cfg.reward.codebook, resolve=True), sort_keys=True).encode())
+    for p in cfg.reward.codebook.sources:
+        p = resolve_path(p)
+        h.update(p.read_bytes() if p.exists() else b"")
+    return h.hexdigest()[:16]
+
+
+def build_tiny(cfg: DictConfig) -> None:
+    from grpo import tiny_models
+    from grpo.warm_start import warm_start
+    from reward_server.codebook import build_codebook
+    from reward_server.token2wav import tiny_speakers
+
+    cv_dir, sv_dir = resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.sensevoice_dir)
+    stamp = _stamp(cfg)
+    stamp_file = cv_dir / BUILD_STAMP
+    if stamp_file.exists() and json.loads(stamp_file.read_text()).get("stamp") == stamp:
+        log.info("tiny models in %s are up to date (delete the directory to rebuild)", cv_dir)
+        return
+    tiny = cfg.model.tiny
+    rows = _read_rows(cfg.reward.codebook.sources)
+    texts = [t for r in rows for t in (r.get("text"), r.get("prompt_text")) if isinstance(t, str)]
+    tiny_models.build_cosyvoice_dir(cv_dir, tiny, texts)
+    tiny_models.build_sensevoice_dir(sv_dir, tiny.sensevoice, texts, tiny.seed)
+
+    pairs = [(t, r.get("language", "zh")) for r in rows for t in (r.get("text"), r.get("prompt_text")) if isinstance(t, str)]
+    codebook = build_codebook(pairs, tiny.speech_token_size, cfg.reward.codebook.silence_fraction,
+                              cfg.reward.codebook.seed)
+    codebook.save(resolve_path(cfg.reward.codebook.path))
+    torch.save(tiny_speakers(cfg.reward.prompt_speakers.num_tiny, tiny.seed, speech_token_size=tiny.speech_token_size),
+               resolve_path(cfg.reward.prompt_speakers.features))
+
+    ws = tiny.warm_start
+    if ws.steps > 0:
+        train_rows = _read_rows([cfg.data.train_file])
+        stats = warm_start(cv_dir, codebook, [(r["text"], r.get("language", "zh")) for r in train_rows],
+                           ws.steps, ws.batch_size, ws.lr, tiny.seed)
+    else:
+        stats = {}
+    stamp_file.write_text(json.dumps({"stamp": stamp, "warm_start": stats}, indent=2))
+
+
+def download(cfg: DictConfig) -> None:
+    """Real models from ModelScope (needs the internet; not reachable on the CPU dev machines)."""
+    from modelscope import snapshot_download
+
+    for key, target in (("cosyvoice", cfg.model.cosyvoice_dir), ("sensevoice", cfg.model.sensevoice_dir)):
+        target = resolve_path(target)
+        if (target / ("llm.pt" if key == "cosyvoice" else "model.pt")).exists():
+            log.info("%s already present in %s", key, target)
+            continue
+        log.info("downloading %s -> %s", cfg.model.modelscope[key], target)
+        snapshot_download(cfg.model.modelscope[key], local_dir=str(target))
+
+
+def convert(cfg: DictConfig) -> dict:
+    from grpo.convert import cosyvoice_to_hf
+
+    texts = [r["text"] for r in _read_rows([cfg.data.train_file])]
+    return cosyvoice_to_hf(resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.hf_dir),
+                           cfg.model.bias_mode, texts, cfg.model.calibration_samples, cfg.seed)
+
+
+def run(cfg: DictConfig) -> int:
+    if cfg.model.source == "tiny":
+        build_tiny(cfg)
+    elif cfg.model.source == "modelscope":
+        download(cfg)
+    else:
+        raise ValueError(f"model.source must be tiny or modelscope, got {cfg.model.source!r}")
+    report = convert(cfg)
+    log.info("conversion: bias %s -> %s; report in %s/conversion_report.md",
+             report["bias"], report["chosen"], cfg.model.hf_dir)
+    return 0

@@ -1,0 +1,1 @@
+"""Reward server: speech tokens -> audio -> transcript -> pinyin error rate -> reward."""

@@ -1,0 +1,121 @@
+"""Reward backends: a batch of items (speech tokens + reference text) -> transcripts -> rewards.
+
+- `cosyvoice2`: CosyVoice's token2wav (prompt speaker chosen from the sample id, so the same id
+  always gets the same speaker), 24 -> 16 kHz, then ASR (SenseVoice) on the whole batch.
+- `synthetic`: the seeded codebook look-up (tiny profile and tests; no audio involved).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from reward_server import scoring
+from reward_server.token2wav import stable_hash
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    id: str
+    tokens: tuple[int, ...]
+    text: str
+    language: str = "zh"
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    units: tuple[str, ...] | None = None    # set when the backend yields units directly (synthetic)
+
+
+class Backend(Protocol):
+    name: str
+
+    def transcribe(self, items: list[ScoreItem]) -> list[Transcript]: ...
+
+
+class SyntheticBackend:
+    """Codebook look-up: each speech token is a pinyin syllable / English word, or silence."""
+
+    name = "synthetic"
+
+    def __init__(self, codebook_path):
+        from reward_server.codebook import Codebook
+
+        self.codebook = Codebook.load(codebook_path)
+        log.warning("SYNTHETIC reward backend: transcripts come from a fixed codebook, not from audio "
+                    "(%d units, %d tokens). For the tiny profile and tests only.",
+                    len(self.codebook.units), self.codebook.speech_token_size)
+
+    def transcribe(self, items: list[ScoreItem]) -> list[Transcript]:
+        out = []
+        for item in items:
+            units = tuple(self.codebook.transcribe(item.tokens))
+            out.append(Transcript(text=" ".join(units), units=units))
+        return out
+
+
+class CosyVoice2Backend:
+    """token2wav (CosyVoice flow + HiFT) with a deterministic prompt speaker, then batched ASR."""
+
+    name = "cosyvoice2"
+
+    def __init__(self, token2wav, speakers: dict, asr):
+        from reward_server.asr import ASR_SAMPLE_RATE
+
+        self.token2wav, self.asr = token2wav, asr
+        self.speaker_names = sorted(speakers)
+        self.speakers = speakers
+        self.asr_rate = ASR_SAMPLE_RATE
+
+    def speaker_for(self, item_id: str) -> str:
+        return self.speaker_names[stable_hash(item_id) % len(self.speaker_names)]
+
+    def synthesize(self, item: ScoreItem):
+        from reward_server.token2wav import resample
+
+        wav = self.token2wav(list(item.tokens), self.speakers[self.speaker_for(item.id)],
+                             seed=stable_hash(item.id) % (2**31))
+        return resample(wav, self.token2wav.sample_rate, self.asr_rate)
+
+    def transcribe(self, items: list[ScoreItem]) -> list[Transcript]:
+        wavs = [self.synthesize(item) for item in items]   # CosyVoice's flow decodes one utterance at a time
+        return [Transcript(text=t) for t in self.asr.transcribe(wavs)]
+
+
+def score(items: list[ScoreItem], transcripts: list[Transcript], mapping: str = "tanh", scale: float = 3.0,
+          ignore_tones: bool = False) -> list[dict]:
+    """Error rate of each transcript against its reference text, mapped to a reward."""
+    results = []
+    for item, tr in zip(items, transcripts, strict=True):
+        ref = scoring.text_to_units(item.text, item.language, ignore_tones)
+        if not ref:
+            raise ValueError(f"item {item.id!r}: reference text has no speakable units")
+        if tr.units is not None:
+            hyp = tuple(u.rstrip("012345") for u in tr.units) if ignore_tones else tr.units
+        else:
+            hyp = scoring.text_to_units(tr.text, item.language, ignore_tones)
+        c = scoring.units_error_rate(ref, hyp)
+        results.append({"id": item.id, "reward": scoring.reward_from_error_rate(c, mapping, scale),
+                        "error_rate": c, "transcript": tr.text})
+    return results
+
+
+def build_backend(cfg, device: str = "cpu") -> Backend:
+    """From the root config: reward.backend, model dirs, prompt speakers, ASR."""
+    r = cfg.reward
+    if r.backend == "synthetic":
+        return SyntheticBackend(r.codebook.path)
+    if r.backend == "cosyvoice2":
+        from reward_server.asr import build_asr
+        from reward_server.token2wav import Token2Wav, load_or_build_speakers
+
+        speakers = load_or_build_speakers(r.prompt_speakers.features, cfg.model.cosyvoice_dir,
+                                          list(r.prompt_speakers.clips), cfg.model.frontend,
+                                          r.prompt_speakers.num_tiny, cfg.seed)
+        return CosyVoice2Backend(Token2Wav(cfg.model.cosyvoice_dir, device), speakers,
+                                 build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size))
+    raise ValueError(f"unknown reward.backend {r.backend!r}; expected cosyvoice2 or synthetic")

