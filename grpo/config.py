@@ -19,6 +19,8 @@ def load_config(overrides: Iterable[str] = ()) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="config", overrides=list(overrides))
     OmegaConf.set_readonly(cfg, False)
+    # every output path derives from exp_dir: make it absolute so Ray workers and subprocesses agree
+    cfg.exp_dir = str(resolve_path(cfg.exp_dir))
     return cfg
 
 

@@ -17,6 +17,7 @@ The restricted distribution over speech tokens and stop ids is not touched by it
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from grpo.speech_vocab import SpeechVocab
 log = logging.getLogger(__name__)
 
 MAX_CALIBRATION_TOKENS = 48
+CALIBRATION_FILE = "conversion_calibration.json"
 SUPPRESS_MARGIN = 30.0          # logit of never-sampled rows where v.h ~ 1
 SUPPRESS_MAX_RESIDUAL = 0.25    # apply only when the fit of v.h = 1 is at least this good (RMS)
 
@@ -146,7 +148,6 @@ def apply(hf_dir: Path, vocab: SpeechVocab, extra: dict, tokenizer, bias_mode: s
         head = (folded if chosen == "fold" else W).to(extra["decoder_weight"].dtype)
     with torch.no_grad():
         model.lm_head.weight[T:T + rows] = head.to(model.lm_head.weight.dtype)
-    extra["converted_head_rows"] = model.lm_head.weight[T:T + rows].detach().clone().to(extra["decoder_weight"].dtype)
     report["non_speech_probability_mass"] = mass_before = non_speech_mass(model, sequences, vocab)
     suppress = fit_residual < SUPPRESS_MAX_RESIDUAL
     if suppress:
@@ -155,9 +156,15 @@ def apply(hf_dir: Path, vocab: SpeechVocab, extra: dict, tokenizer, bias_mode: s
         with torch.no_grad():
             model.lm_head.weight[never_sampled] = (-SUPPRESS_MARGIN * v).to(model.lm_head.weight.dtype)
         report["non_speech_probability_mass"] = non_speech_mass(model, sequences, vocab)
+    # what the HF head holds now; `delta` export adds (trained - this) to the original head
+    extra["converted_head_rows"] = model.lm_head.weight[T:T + rows].detach().clone().to(extra["decoder_weight"].dtype)
     report["non_speech_suppression"] = {"applied": suppress, "margin": SUPPRESS_MARGIN,
                                         "mass_before": mass_before, "mass_after": report["non_speech_probability_mass"]}
     model.save_pretrained(hf_dir)
+    # the inputs behind the numbers, so that anyone can recompute them (tests do)
+    (hf_dir / CALIBRATION_FILE).write_text(json.dumps(
+        {"sequences": [ids for ids, _ in sequences], "prompt_lengths": [n for _, n in sequences],
+         "fit": "even indices", "measure": "odd indices"}))
     log.info("lm_head bias: %s -> %s", report.get("bias"), report["chosen"])
     return report
 

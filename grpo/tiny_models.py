@@ -198,8 +198,17 @@ def read_texts(paths: Iterable[str | Path], keys: tuple[str, ...] = ("text", "pr
     return texts
 
 
+def _split_han(text: str) -> str:
+    """Newlines between CJK characters: BPE merges then never cross a character (one token per character)."""
+    return "".join(ch + "\n" if "\u3400" <= ch <= "\u9fff" else ch for ch in text)
+
+
 def build_text_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> int:
-    """Train a byte-level BPE with Qwen2's pre-tokenizer and save it as a Qwen2 tokenizer folder."""
+    """Train a byte-level BPE with Qwen2's pre-tokenizer and save it as a Qwen2 tokenizer folder.
+
+    Merges are learnt within characters only, so Chinese text is one token per character (the real
+    Qwen2 vocabulary also holds most characters whole); a tiny LLM then learns how characters sound
+    instead of how byte fragments do."""
     from tokenizers import pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
@@ -207,7 +216,7 @@ def build_text_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> in
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    backend.train_from_iterator(texts, trainer)
+    backend.train_from_iterator([_split_han(t) for t in texts], trainer)
     model = json.loads(backend.to_str())["model"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
     tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=merges)

@@ -18,14 +18,22 @@ from tqdm import tqdm
 log = logging.getLogger(__name__)
 
 
-def make_example(texts, codebook, tokenizer, rng: random.Random, concat_prob: float, silence_prob: float):
-    text, language = rng.choice(texts)
-    if rng.random() < concat_prob:
-        other, other_lang = rng.choice(texts)
-        if other_lang == language:
-            text = text + other
-    speech = codebook.tokens_for_text(text, language, rng, silence_prob)
-    return torch.tensor(tokenizer.encode(text)), torch.tensor(speech)
+def make_example(texts, chars, codebook, tokenizer, rng: random.Random, cfg: dict):
+    """One (text tokens, speech tokens) pair. Half are shuffled character strings: without them a tiny
+    model memorises whole sentences instead of learning how characters sound."""
+    while True:
+        text, language = rng.choice(texts)
+        if language == "zh" and rng.random() < cfg["random_text_prob"]:
+            text = "".join(rng.choice(chars) for _ in range(rng.randint(cfg.get("min_len", 4), cfg.get("max_len", 16))))
+        elif rng.random() < cfg["concat_prob"]:
+            other, other_lang = rng.choice(texts)
+            if other_lang == language:
+                text = text + other
+        try:
+            speech = codebook.tokens_for_text(text, language, rng, cfg["silence_prob"], cfg["canonical_prob"])
+        except KeyError:   # a reading out of context that the codebook does not know: draw again
+            continue
+        return torch.tensor(tokenizer.encode(text)), torch.tensor(speech)
 
 
 def collate(examples):
@@ -35,8 +43,31 @@ def collate(examples):
             "speech_token_len": torch.tensor([len(s) for s in speech])}
 
 
+DEFAULTS = {"random_text_prob": 0.0, "concat_prob": 0.0, "silence_prob": 0.05, "canonical_prob": 0.9,
+            "init_speech_from_text": True}
+
+
+@torch.no_grad()
+def init_speech_embeddings(llm, tokenizer, codebook, texts) -> int:
+    """Start each unit's speech-token embeddings at the mean text embedding of the characters read
+    as that unit: a pretrained TTS LLM relates the two, and without it a tiny model memorises
+    sentences long before it learns to follow the text."""
+    from reward_server.scoring import text_to_units
+
+    emb = llm.llm.model.model.embed_tokens.weight
+    by_unit: dict[int, list[int]] = {}
+    for text, lang in texts:
+        for ch in text:
+            ids, units = tokenizer.encode(ch), text_to_units(ch, lang) if ch.strip() else ()
+            if len(ids) == 1 and len(units) == 1 and units[0] in codebook.unit_index:
+                by_unit.setdefault(codebook.unit_index[units[0]], []).append(ids[0])
+    for u, ids in by_unit.items():
+        llm.speech_embedding.weight[codebook.tokens_by_unit[u]] = emb[sorted(set(ids))].mean(0)
+    return len(by_unit)
+
+
 def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], steps: int, batch_size: int,
-               lr: float, seed: int, concat_prob: float = 0.3, silence_prob: float = 0.1) -> dict:
+               lr: float, seed: int, **options) -> dict:
     """Train llm.pt in place; returns the last loss and token accuracy."""
     from grpo.tiny_models import load_cosyvoice_yaml
 
@@ -46,14 +77,17 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
     llm = configs["llm"]
     llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)
     tokenizer = configs["get_tokenizer"]()
+    opts = {**DEFAULTS, **options}
+    if opts["init_speech_from_text"]:
+        init_speech_embeddings(llm, tokenizer, codebook, texts)
     llm.train()
     optim = torch.optim.AdamW(llm.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=lr, total_steps=steps, pct_start=0.1)
     rng = random.Random(seed)
+    chars = sorted({ch for text, lang in texts if lang == "zh" for ch in text if "\u4e00" <= ch <= "\u9fff"})
     stats = {}
     for step in (bar := tqdm(range(steps), desc="warm start (tiny LLM)", mininterval=2)):
-        batch = collate([make_example(texts, codebook, tokenizer, rng, concat_prob, silence_prob)
-                         for _ in range(batch_size)])
+        batch = collate([make_example(texts, chars, codebook, tokenizer, rng, opts) for _ in range(batch_size)])
         out = llm(batch, torch.device("cpu"))
         optim.zero_grad()
         out["loss"].backward()
@@ -61,6 +95,8 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
         optim.step()
         sched.step()
         stats = {"loss": out["loss"].item(), "acc": float(out["acc"])}
+        if step % 100 == 0:
+            log.info("warm start step %d: loss %.3f acc %.3f", step, stats["loss"], stats["acc"])
         bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.3f}", refresh=False)
     torch.save(llm.state_dict(), model_dir / "llm.pt")
     log.info("warm start: %d steps, final loss %.3f, token accuracy %.3f", steps, stats["loss"], stats["acc"])

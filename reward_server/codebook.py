@@ -41,8 +41,10 @@ class Codebook:
                 out.append(self.units[u])
         return out
 
-    def tokens_for_units(self, units: Iterable[str], rng: random.Random, silence_prob: float = 0.0) -> list[int]:
-        """One token per unit (chosen at random among the unit's tokens), silence sprinkled in."""
+    def tokens_for_units(self, units: Iterable[str], rng: random.Random, silence_prob: float = 0.0,
+                         canonical_prob: float = 0.0) -> list[int]:
+        """One token per unit, silence sprinkled in. With `canonical_prob` the unit's first token is used,
+        otherwise one of its tokens at random (speech has preferred realisations, not uniform ones)."""
         silence = self.tokens_by_unit[SILENCE]
         out = []
         for u in units:
@@ -50,11 +52,13 @@ class Codebook:
                 raise KeyError(f"unit {u!r} is not in the codebook (built from other texts?)")
             if silence and rng.random() < silence_prob:
                 out.append(rng.choice(silence))
-            out.append(rng.choice(self.tokens_by_unit[self.unit_index[u]]))
+            choices = self.tokens_by_unit[self.unit_index[u]]
+            out.append(choices[0] if rng.random() < canonical_prob else rng.choice(choices))
         return out
 
-    def tokens_for_text(self, text: str, language: str, rng: random.Random, silence_prob: float = 0.0) -> list[int]:
-        return self.tokens_for_units(text_to_units(text, language), rng, silence_prob)
+    def tokens_for_text(self, text: str, language: str, rng: random.Random, silence_prob: float = 0.0,
+                        canonical_prob: float = 0.0) -> list[int]:
+        return self.tokens_for_units(text_to_units(text, language), rng, silence_prob, canonical_prob)
 
     @cached_property
     def unit_index(self) -> dict[str, int]:

@@ -1,0 +1,117 @@
+"""One GRPO update on a batch of rollouts, with verl's own algorithm functions (core_algos).
+
+Tensors follow verl's layout: prompts left-padded to P, responses right-padded to R; log-probs,
+advantages and masks are (N, R). Log-probs are normalised over the full vocabulary, as in verl's actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from verl.trainer.ppo import core_algos
+from verl.utils import torch_functional as verl_F
+from verl.workers.config.actor import ActorConfig
+
+
+@dataclass
+class RolloutBatch:
+    input_ids: torch.Tensor        # (N, P + R)
+    attention_mask: torch.Tensor   # (N, P + R)
+    position_ids: torch.Tensor     # (N, P + R)
+    responses: torch.Tensor        # (N, R)
+    response_mask: torch.Tensor    # (N, R) float
+    scores: torch.Tensor           # (N,)
+    group_index: np.ndarray        # (N,) prompt id of each sample
+
+    @property
+    def prompt_width(self) -> int:
+        return self.input_ids.shape[1] - self.responses.shape[1]
+
+    def select(self, rows) -> "RolloutBatch":
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        return RolloutBatch(self.input_ids[rows], self.attention_mask[rows], self.position_ids[rows],
+                            self.responses[rows], self.response_mask[rows], self.scores[rows],
+                            self.group_index[rows.numpy()])
+
+
+def build_batch(prompts: list[list[int]], responses: list[list[int]], scores: list[float], group_index: list,
+                pad_token_id: int) -> RolloutBatch:
+    """verl's layout from variable-length prompts and responses."""
+    P = max(len(p) for p in prompts)
+    R = max(1, max(len(r) for r in responses))
+    N = len(prompts)
+    input_ids = torch.full((N, P + R), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((N, P + R), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, P - len(p):P] = torch.tensor(p)
+        attention[i, P - len(p):P] = 1
+        if r:
+            input_ids[i, P:P + len(r)] = torch.tensor(r)
+            attention[i, P:P + len(r)] = 1
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return RolloutBatch(input_ids, attention, position_ids, input_ids[:, P:].clone(),
+                        attention[:, P:].float(), torch.tensor(scores, dtype=torch.float32), np.asarray(group_index))
+
+
+def response_logits(model, batch: RolloutBatch) -> torch.Tensor:
+    """Logits predicting each response token, (N, R, V)."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False)
+    P, R = batch.prompt_width, batch.responses.shape[1]
+    return out.logits[:, P - 1:P - 1 + R].float()
+
+
+def log_probs(model, batch: RolloutBatch, with_entropy: bool = False):
+    logits = response_logits(model, batch)
+    logp = verl_F.logprobs_from_logits(logits, batch.responses)
+    return (logp, verl_F.entropy_from_logits(logits)) if with_entropy else (logp, None)
+
+
+def grpo_advantages(batch: RolloutBatch, norm_by_std: bool) -> torch.Tensor:
+    """Outcome reward on the last response token, then verl's GRPO group normalisation."""
+    token_rewards = torch.zeros_like(batch.response_mask)
+    last = (batch.response_mask.sum(-1).long() - 1).clamp(min=0)
+    token_rewards[torch.arange(len(last)), last] = batch.scores
+    adv, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, batch.response_mask, batch.group_index,
+                                                       norm_adv_by_std_in_grpo=norm_by_std)
+    return adv
+
+
+def actor_config(train_cfg) -> ActorConfig:
+    return ActorConfig(strategy="local", rollout_n=train_cfg.n, use_dynamic_bsz=True,
+                       clip_ratio_low=train_cfg.clip_ratio_low, clip_ratio_high=train_cfg.clip_ratio_high,
+                       clip_ratio_c=train_cfg.clip_ratio_c, loss_agg_mode=train_cfg.loss_agg_mode,
+                       entropy_coeff=train_cfg.entropy_coeff, use_kl_loss=train_cfg.use_kl_loss,
+                       kl_loss_coef=train_cfg.kl_loss_coef, kl_loss_type=train_cfg.kl_loss_type)
+
+
+def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig):
+    """verl's actor loss: clipped policy gradient (+ KL to the reference when use_kl_loss) (- entropy bonus)."""
+    logp, entropy = log_probs(model, batch, with_entropy=True)
+    mask = batch.response_mask
+    old = logp.detach() if old_logp is None else old_logp
+    pg_loss, pg_metrics = core_algos.compute_policy_loss_vanilla(old, logp, advantages, mask, cfg.loss_agg_mode,
+                                                                 config=cfg)
+    entropy_mean = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
+    loss = pg_loss - cfg.entropy_coeff * entropy_mean
+    metrics = {"pg_loss": pg_loss.item(), "entropy": entropy_mean.item(), **{k.split("/")[-1]: v for k, v in pg_metrics.items()}}
+    if ref_logp is not None:   # KL to the reference model: a loss term when use_kl_loss, else only a metric
+        kl = core_algos.agg_loss(core_algos.kl_penalty(logp, ref_logp, cfg.kl_loss_type), mask, cfg.loss_agg_mode)
+        if cfg.use_kl_loss:
+            loss = loss + cfg.kl_loss_coef * kl
+        metrics["kl"] = kl.item()
+    return loss, metrics
+
+
+def filter_groups(batch: RolloutBatch) -> tuple[RolloutBatch | None, int]:
+    """Drop groups whose rewards are all equal (zero advantage, no signal)."""
+    keep, dropped = [], 0
+    for g in np.unique(batch.group_index):
+        rows = np.nonzero(batch.group_index == g)[0]
+        if len(rows) > 1 and torch.all(batch.scores[rows] == batch.scores[rows[0]]):
+            dropped += 1
+        else:
+            keep.extend(rows.tolist())
+    return (batch.select(sorted(keep)) if keep else None), dropped

@@ -1,0 +1,63 @@
+"""The reward function verl calls once per response (and the local engine calls the same way).
+
+verl 0.9.1's reward loop awaits `compute_score(data_source, solution_str, ground_truth, extra_info,
+**reward_kwargs)` with the response decoded by `tokenizer.decode(..., skip_special_tokens=True)`,
+so speech tokens arrive as `<|s_N|>` strings. Keys in `reward_kwargs` (set by the launcher from
+`reward.*`): url, timeout_s, retries, backoff_s, max_concurrency, auth_token, no_speech_reward,
+on_failure.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from grpo.speech_vocab import speech_token_strings
+from reward_server.client import ClientConfig, RewardClient, RewardServerError
+
+log = logging.getLogger(__name__)
+
+_CLIENTS: dict[tuple, RewardClient] = {}
+ON_FAILURE = ("raise", "exclude")
+
+
+def client_for(url: str, timeout_s: float = 120.0, retries: int = 5, backoff_s: float = 0.5,
+               max_concurrency: int = 64, auth_token: str | None = None) -> RewardClient:
+    """One client (connection pools) per server configuration, shared by all calls in this process."""
+    key = (url, timeout_s, retries, backoff_s, max_concurrency, auth_token)
+    if key not in _CLIENTS:
+        _CLIENTS[key] = RewardClient(ClientConfig(url, timeout_s, retries, backoff_s, max_concurrency, auth_token))
+    return _CLIENTS[key]
+
+
+async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
+                        timeout_s: float = 120.0, retries: int = 5, backoff_s: float = 0.5, max_concurrency: int = 64,
+                        auth_token: str | None = None, no_speech_reward: float = 0.0, on_failure: str = "raise",
+                        **_ignored) -> dict:
+    """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"}."""
+    if on_failure not in ON_FAILURE:
+        raise ValueError(f"reward.on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
+    extra_info = extra_info or {}
+    tokens = speech_token_strings(solution_str)
+    if not tokens:
+        return {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1, "reward_failed": 0}
+    item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
+            "language": extra_info.get("language", "zh")}
+    client = client_for(url, timeout_s, retries, backoff_s, max_concurrency, auth_token)
+    try:
+        result = await client.score_one(item)
+    except RewardServerError:
+        if on_failure == "raise":
+            raise
+        log.exception("reward failed for sample %s; it is excluded from the update", item["id"])
+        # exclude: the caller (local engine) masks the sample out by `reward_failed`; the score is never used
+        return {"score": 0.0, "error_rate": float("nan"), "transcript": "", "no_speech": 0, "reward_failed": 1}
+    return {"score": float(result["reward"]), "error_rate": float(result["error_rate"]),
+            "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0}
+
+
+def reward_kwargs(cfg) -> dict:
+    """The keyword arguments compute_score takes, from the root config (reward.*)."""
+    r = cfg.reward
+    return {"url": r.url, "timeout_s": r.client.timeout_s, "retries": r.client.retries,
+            "backoff_s": r.client.backoff_s, "max_concurrency": r.client.max_concurrency,
+            "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure}

