@@ -63,10 +63,28 @@ def response_logits(model, batch: RolloutBatch) -> torch.Tensor:
     return out.logits[:, P - 1:P - 1 + R].float()
 
 
-def log_probs(model, batch: RolloutBatch, with_entropy: bool = False):
+MASKED_LOGIT = -1e9   # finite: exp() is exactly 0 and 0 * logit stays 0 in the entropy
+
+
+def log_probs(model, batch: RolloutBatch, with_entropy: bool = False, allowed: torch.Tensor | None = None,
+              restrict: bool = False):
+    """Log-probs of the response tokens; with `with_entropy` also per-token entropy and (given the `allowed`
+    vocabulary mask) the probability the full-vocabulary softmax puts on ids that are never sampled.
+    `restrict` normalises over the allowed ids (the exact sampling policy) instead of the full vocabulary
+    (what verl's actor does)."""
     logits = response_logits(model, batch)
+    masked = logits.masked_fill(~allowed.to(logits.device), MASKED_LOGIT) if allowed is not None else None
+    leak = None
+    if with_entropy and masked is not None:
+        leak = 1 - (torch.logsumexp(masked, -1) - torch.logsumexp(logits, -1)).exp()
+    if restrict:
+        if masked is None:
+            raise ValueError("restrict=True needs the allowed-token mask")
+        logits = masked
     logp = verl_F.logprobs_from_logits(logits, batch.responses)
-    return (logp, verl_F.entropy_from_logits(logits)) if with_entropy else (logp, None)
+    if not with_entropy:
+        return logp, None, None
+    return logp, verl_F.entropy_from_logits(logits), leak
 
 
 def grpo_advantages(batch: RolloutBatch, norm_by_std: bool) -> torch.Tensor:
@@ -87,9 +105,10 @@ def actor_config(train_cfg) -> ActorConfig:
                        kl_loss_coef=train_cfg.kl_loss_coef, kl_loss_type=train_cfg.kl_loss_type)
 
 
-def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig):
+def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig, allowed=None,
+                restrict: bool = False):
     """verl's actor loss: clipped policy gradient (+ KL to the reference when use_kl_loss) (- entropy bonus)."""
-    logp, entropy = log_probs(model, batch, with_entropy=True)
+    logp, entropy, leak = log_probs(model, batch, with_entropy=True, allowed=allowed, restrict=restrict)
     mask = batch.response_mask
     old = logp.detach() if old_logp is None else old_logp
     pg_loss, pg_metrics = core_algos.compute_policy_loss_vanilla(old, logp, advantages, mask, cfg.loss_agg_mode,
@@ -97,6 +116,8 @@ def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg:
     entropy_mean = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
     loss = pg_loss - cfg.entropy_coeff * entropy_mean
     metrics = {"pg_loss": pg_loss.item(), "entropy": entropy_mean.item(), **{k.split("/")[-1]: v for k, v in pg_metrics.items()}}
+    if leak is not None:
+        metrics["non_speech_mass"] = core_algos.agg_loss(leak.detach(), mask, "token-mean").item()
     if ref_logp is not None:   # KL to the reference model: a loss term when use_kl_loss, else only a metric
         kl = core_algos.agg_loss(core_algos.kl_penalty(logp, ref_logp, cfg.kl_loss_type), mask, cfg.loss_agg_mode)
         if cfg.use_kl_loss:

@@ -78,12 +78,18 @@ class LocalGRPOTrainer:
                                        max_tokens=t.max_response_tokens)
         if t.rollout.backend == "vllm":
             self.rollout = VLLMRollout(model_dir, self.vocab, t.rollout.dtype, t.rollout.gpu_memory_utilization,
-                                       t.rollout.enforce_eager, t.max_prompt_tokens + t.max_response_tokens, cfg.seed)
+                                       t.rollout.enforce_eager, t.max_prompt_tokens + t.max_response_tokens, cfg.seed,
+                                       t.rollout.cpu_kv_cache_gib)
         elif t.rollout.backend == "transformers":
             self.rollout = TransformersRollout(self.model, self.vocab, self.tokenizer.pad_token_id)
         else:
             raise ValueError(f"train.rollout.backend must be vllm or transformers, got {t.rollout.backend!r}")
         self.actor_cfg = actor_config(t)
+        if t.logprob_normalization not in ("allowed", "full"):
+            raise ValueError(f"train.logprob_normalization must be allowed or full, got {t.logprob_normalization!r}")
+        self.restrict = t.logprob_normalization == "allowed"
+        self.allowed = torch.zeros(self.vocab.vocab_size, dtype=torch.bool)
+        self.allowed[torch.tensor(self.vocab.allowed_token_ids())] = True
         self.reward_kwargs = reward_kwargs(cfg)
         self.loop = asyncio.new_event_loop()
         self.logger = MetricsLogger(self.out_dir, list(t.logger), t.project_name, t.experiment_name,
@@ -131,8 +137,9 @@ class LocalGRPOTrainer:
         t2 = time.perf_counter()
         ok = [k for k, res in enumerate(results) if not res["reward_failed"]]
         scored = [results[k] for k in ok]
+        batch_ids = ",".join(r["extra_info"]["sample_id"] for r in records)
         metrics = {
-            "step": step, "epoch": self.epoch,
+            "step": step, "epoch": self.epoch, "batch_hash": hashlib.sha1(batch_ids.encode()).hexdigest()[:10],
             "reward_mean": float(np.mean([s["score"] for s in scored])) if scored else math.nan,
             "reward_std": float(np.std([s["score"] for s in scored])) if scored else math.nan,
             "error_rate_mean": float(np.mean([s["error_rate"] for s in scored])) if scored else math.nan,
@@ -150,15 +157,18 @@ class LocalGRPOTrainer:
         metrics["time_sync_s"] = time.perf_counter() - t3
         return metrics
 
+    def _logp(self, model, batch):
+        return log_probs(model, batch, allowed=self.allowed, restrict=self.restrict)[0]
+
     def _update(self, batch) -> dict:
         t = self.cfg.train
         advantages = grpo_advantages(batch, t.norm_adv_by_std_in_grpo)
         with torch.no_grad():
-            ref_logp = log_probs(self.ref, batch)[0] if self.ref is not None else None
+            ref_logp = self._logp(self.ref, batch) if self.ref is not None else None
             groups = np.unique(batch.group_index)
             mb_groups = t.mini_batch_size or len(groups)
             multi = t.ppo_epochs > 1 or mb_groups < len(groups)
-            old_logp = log_probs(self.model, batch)[0] if multi else None   # on-policy: ratio is exactly 1
+            old_logp = self._logp(self.model, batch) if multi else None   # on-policy: the ratio is exactly 1
         agg: dict[str, list] = {}
         for _ in range(t.ppo_epochs):
             for start in range(0, len(groups), mb_groups):
@@ -166,7 +176,7 @@ class LocalGRPOTrainer:
                 mb = batch.select(rows)
                 loss, m = policy_loss(self.model, mb, advantages[rows],
                                       None if old_logp is None else old_logp[rows],
-                                      None if ref_logp is None else ref_logp[rows], self.actor_cfg)
+                                      None if ref_logp is None else ref_logp[rows], self.actor_cfg, self.allowed, self.restrict)
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
                 m["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip).item()

@@ -17,6 +17,9 @@ from grpo.speech_vocab import SpeechVocab
 
 # in-process engine: starts in ~2 s instead of ~15 s, and weights can be synced by reference
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs a benign warning on every weight reload (rotary embeddings have no weights) and on every
+# start without a tokenizer; set VLLM_LOGGING_LEVEL=INFO to see everything
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +37,15 @@ class VLLMRollout:
     name = "vllm"
 
     def __init__(self, model_dir: str, vocab: SpeechVocab, dtype: str = "float32", gpu_memory_utilization: float = 0.1,
-                 enforce_eager: bool = True, max_model_len: int = 1024, seed: int = 0):
+                 enforce_eager: bool = True, max_model_len: int = 1024, seed: int = 0, cpu_kv_cache_gib: float = 0.5):
         from vllm import LLM
 
         self.vocab = vocab
+        # on CPU, a share of RAM minus what this process already holds is fragile: size the KV cache explicitly
+        memory = ({"gpu_memory_utilization": gpu_memory_utilization} if torch.cuda.is_available()
+                  else {"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30)})
         self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=enforce_eager, dtype=dtype,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, seed=seed,
-                       enable_prefix_caching=False)
+                       max_model_len=max_model_len, seed=seed, enable_prefix_caching=False, **memory)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
         from vllm import SamplingParams

@@ -19,14 +19,14 @@ class ASR(Protocol):
     def transcribe(self, wavs: list[np.ndarray]) -> list[str]: ...
 
 
-class SenseVoiceASR:
-    """SenseVoiceSmall through funasr's AutoModel from a local directory (config.yaml, model.pt, ...)."""
+class FunASR:
+    """A funasr model (SenseVoiceSmall, Paraformer-zh) through AutoModel from a local directory."""
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", language: str = "auto", batch_size: int = 16):
         from funasr import AutoModel
 
         if not Path(model_dir, "config.yaml").exists():
-            raise FileNotFoundError(f"{model_dir}/config.yaml not found: not a SenseVoice model directory")
+            raise FileNotFoundError(f"{model_dir}/config.yaml not found: not a funasr model directory")
         self.model = AutoModel(model=str(model_dir), device=device, disable_update=True, log_level="ERROR")
         self.language, self.batch_size = language, batch_size
 
@@ -36,7 +36,7 @@ class SenseVoiceASR:
         results = self.model.generate(input=[w.astype(np.float32) for w in wavs], cache={}, language=self.language,
                                       use_itn=False, batch_size=self.batch_size, disable_pbar=True)
         if len(results) != len(wavs):
-            raise RuntimeError(f"SenseVoice returned {len(results)} results for {len(wavs)} inputs")
+            raise RuntimeError(f"ASR returned {len(results)} results for {len(wavs)} inputs")
         # SenseVoice prefixes language/emotion/event tags: <|zh|><|NEUTRAL|><|Speech|><|woitn|>text
         return [_SENSEVOICE_TAG.sub("", r["text"]).strip() for r in results]
 
@@ -63,8 +63,8 @@ class PocketsphinxASR:
 
 def build_asr(kind: str, model_dir: str | Path | None = None, device: str = "cpu", language: str = "auto",
               batch_size: int = 16) -> ASR:
-    if kind == "sensevoice":
-        return SenseVoiceASR(model_dir, device=device, language=language, batch_size=batch_size)
+    if kind in ("sensevoice", "paraformer"):
+        return FunASR(model_dir, device=device, language=language, batch_size=batch_size)
     if kind == "pocketsphinx":
         return PocketsphinxASR()
-    raise ValueError(f"unknown ASR {kind!r}; expected sensevoice or pocketsphinx")
+    raise ValueError(f"unknown ASR {kind!r}; expected sensevoice, paraformer or pocketsphinx")

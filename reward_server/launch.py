@@ -35,6 +35,49 @@ def wait_healthy(url: str, timeout_s: float, pid: int | None = None, auth_token:
     raise TimeoutError(f"reward server at {url} not healthy after {timeout_s:.0f} s (last: {last})")
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m grpo serve` in a subprocess on a free port (as run.sh starts it), stopped with SIGINT."""
+
+    def __init__(self, overrides: list[str], log_path: Path):
+        import subprocess
+
+        from grpo.config import REPO_ROOT
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path)
+        self.proc = subprocess.Popen([sys.executable, "-m", "grpo", "serve", *overrides, f"reward.port={self.port}"],
+                                     cwd=REPO_ROOT, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait(self, auth_token: str | None = None, timeout_s: float = 240) -> "ServerProcess":
+        try:
+            wait_healthy(self.url, timeout_s, self.proc.pid, auth_token)
+        except Exception:
+            self.stop()
+            raise RuntimeError("reward server did not start:\n" + self.log_path.read_text()[-4000:]) from None
+        return self
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m reward_server.launch")
     parser.add_argument("action", choices=["logfile", "wait"])

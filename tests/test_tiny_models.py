@@ -54,9 +54,9 @@ def test_flow_and_hift_load_and_make_audio(tiny_cfg):
 
 
 def test_tiny_sensevoice_loads_with_funasr_automodel(tiny_cfg):
-    from reward_server.asr import SenseVoiceASR
+    from reward_server.asr import FunASR
 
-    asr = SenseVoiceASR(tiny_cfg().model.sensevoice_dir)
+    asr = FunASR(tiny_cfg().model.sensevoice_dir)
     rng = np.random.default_rng(0)
     out = asr.transcribe([rng.standard_normal(16000).astype(np.float32) * 0.1 for _ in range(3)])
     assert len(out) == 3 and all(isinstance(t, str) for t in out)

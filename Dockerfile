@@ -1,0 +1,29 @@
+# GPU image for real runs of cosyvoice-grpo: verl 0.9.1 with the vLLM/torch versions it declares
+# (requirements/gpu.txt), Ray Serve, funasr and CosyVoice's code (requirements/common.txt, nodeps.txt).
+# No entrypoint: run stages inside, e.g.
+#   docker run --gpus all --shm-size 32g -v $PWD/exp:/workspace/cosyvoice-grpo/exp IMAGE bash run.sh -1 5 profile=cosyvoice2
+# Not built on the CPU-only development machines (no Docker engine there); CI lints it with hadolint.
+FROM nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1 \
+    VENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential git \
+       ffmpeg sox libsndfile1 espeak-ng ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+
+RUN python3 -m venv /opt/venv && pip install --upgrade pip==26.3
+
+WORKDIR /workspace/cosyvoice-grpo
+COPY requirements/ requirements/
+RUN pip install -r requirements/gpu.txt -r requirements/common.txt \
+    && pip install --no-deps -r requirements/nodeps.txt
+
+COPY . .
+# run.sh looks for a set-up venv at $VENV; this image's venv is complete
+RUN pip install --no-deps -e . && touch /opt/venv/.setup-stamp

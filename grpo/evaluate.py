@@ -1,0 +1,186 @@
+"""Stage 4: zero-shot CER of the base model and selected checkpoints.
+
+Per checkpoint: vLLM generates speech tokens for every item (CosyVoice2's zero-shot input: prompt text
++ target text, then the prompt's speech tokens as the assistant prefix; speech tokens only, seeded),
+CosyVoice's token2wav renders them with the item's own prompt speaker, the configured ASR transcribes,
+and the Seed-TTS-eval protocol scores (grpo.cer). Reports go to `eval.out_dir` (grpo.report).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from grpo import cer, report
+from grpo.checkpoints import select_checkpoints
+from grpo.local_engine import request_seed
+from grpo.speech_vocab import SpeechVocab
+from grpo.zero_shot import ZeroShotItem, load_set
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scored:
+    id: str
+    reference: str
+    transcript: str
+    error_rate: float | None     # None: failed (no speech, synthesis or ASR error), excluded from the mean
+    tokens: int
+
+
+def prompt_features(items: list[ZeroShotItem], cfg: DictConfig) -> dict[str, dict]:
+    """Each item's own prompt: speech tokens for the LLM, and flow conditioning (tokens, mel, speaker)."""
+    from reward_server.token2wav import cosyvoice_frontend, load_wav_16k, tiny_prompt_features
+
+    feats = {}
+    if cfg.model.frontend == "tiny":
+        for it in items:
+            if not it.prompt_speech_tokens:
+                raise ValueError(f"item {it.id}: the tiny frontend needs prompt_speech_tokens in the data")
+            feats[it.id] = tiny_prompt_features(it.id, it.prompt_speech_tokens)
+        return feats
+    frontend = cosyvoice_frontend(cfg.model.cosyvoice_dir)
+    for it in tqdm(items, desc="prompt features", mininterval=5):
+        if not it.prompt_wav:
+            raise ValueError(f"item {it.id}: needs prompt_wav for the CosyVoice frontend")
+        f = frontend.frontend_zero_shot("", it.prompt_text, load_wav_16k(it.prompt_wav), 24000, "")
+        feats[it.id] = {k: v.cpu() for k, v in f.items() if torch.is_tensor(v)}
+    return feats
+
+
+def build_prompts(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool = True):
+    """Token ids of the LLM input and the target text's token count (for min/max length).
+
+    llm_prompt=True is CosyVoice2's zero-shot input: sos, prompt text + target text, task_id, then the
+    prompt's speech tokens as the assistant prefix. False is its cross-lingual input: the prompt only
+    conditions token2wav, the LLM sees the target text alone."""
+    prompts, text_lens = [], []
+    for it in items:
+        text = it.prompt_text + it.text if llm_prompt else it.text
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True, return_dict=False)
+        if llm_prompt:
+            ids = ids + vocab.to_hf_ids(feats[it.id]["llm_prompt_speech_token"].flatten().tolist())
+        prompts.append(ids)
+        text_lens.append(len(tokenizer.encode(it.text, add_special_tokens=False)))
+    return prompts, text_lens
+
+
+class Evaluator:
+    def __init__(self, cfg: DictConfig, items: list[ZeroShotItem]):
+        from transformers import AutoTokenizer
+
+        from grpo.rollout import VLLMRollout
+
+        self.cfg, self.e, self.items = cfg, cfg.eval, items
+        base = Path(cfg.model.hf_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(base)
+        self.vocab = SpeechVocab.load(base)
+        self.feats = prompt_features(items, cfg)
+        self.prompts, self.text_lens = build_prompts(items, self.feats, self.tokenizer, self.vocab, self.e.llm_prompt)
+        max_len = max(len(p) for p in self.prompts) + int(self.e.max_token_text_ratio * max(self.text_lens)) + 8
+        dtype = cfg.train.rollout.dtype
+        self.engine = VLLMRollout(base, self.vocab, dtype, cfg.train.rollout.gpu_memory_utilization,
+                                  cfg.train.rollout.enforce_eager, max_len, cfg.seed,
+                                  cfg.train.rollout.cpu_kv_cache_gib)
+        self.token2wav = None
+        if self.e.write_wavs or self.e.asr != "synthetic":
+            from reward_server.token2wav import Token2Wav
+
+            self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, "cuda" if torch.cuda.is_available() else "cpu")
+        self.asr = self._asr()
+
+    def _asr(self):
+        if self.e.asr == "synthetic":
+            from reward_server.codebook import Codebook
+
+            return Codebook.load(self.cfg.reward.codebook.path)
+        from reward_server.asr import build_asr
+
+        model_dir = self.e.paraformer_dir if self.e.asr == "paraformer" else self.cfg.model.sensevoice_dir
+        return build_asr(self.e.asr, model_dir, "cuda" if torch.cuda.is_available() else "cpu")
+
+    def generate(self, model_dir: Path) -> list[list[int]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.engine.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        params = [SamplingParams(n=1, temperature=self.e.temperature, top_p=self.e.top_p, top_k=self.e.top_k,
+                                 seed=request_seed(self.e.seed, 0, i),
+                                 min_tokens=int(self.e.min_token_text_ratio * n),
+                                 max_tokens=max(1, int(self.e.max_token_text_ratio * n)),
+                                 allowed_token_ids=self.vocab.allowed_token_ids(),
+                                 stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False)
+                  for i, n in enumerate(self.text_lens)]
+        outs = self.engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in self.prompts], params,
+                                        use_tqdm=False)
+        return [self.vocab.to_speech_tokens(o.outputs[0].token_ids) for o in outs]
+
+    def evaluate(self, name: str, model_dir: Path) -> list[Scored]:
+        import soundfile as sf
+
+        from reward_server.scoring import text_to_units, units_error_rate
+        from reward_server.token2wav import resample, stable_hash
+
+        speech = self.generate(model_dir)
+        wav_dir = Path(self.e.out_dir) / name
+        wav_dir.mkdir(parents=True, exist_ok=True)
+        n_tokens = {it.id: len(tokens) for it, tokens in zip(self.items, speech)}
+        by_id = {it.id: it for it in self.items}
+        wavs, results = {}, {}
+        for it, tokens in tqdm(list(zip(self.items, speech)), desc=f"token2wav {name}", mininterval=5):
+            if not tokens:
+                results[it.id] = Scored(it.id, it.text, "", None, 0)
+                continue
+            if self.token2wav is not None:
+                try:
+                    wav = self.token2wav(tokens, self.feats[it.id], seed=stable_hash(it.id) % (2**31))
+                except Exception as exc:   # counted as a failure, never scored as perfect or zero
+                    log.warning("token2wav failed for %s: %s", it.id, exc)
+                    results[it.id] = Scored(it.id, it.text, "", None, len(tokens))
+                    continue
+                if self.e.write_wavs:
+                    sf.write(wav_dir / f"{it.id}.wav", wav, self.token2wav.sample_rate)
+                wavs[it.id] = wav
+            if self.e.asr == "synthetic":
+                units = self.asr.transcribe(tokens)
+                rate = units_error_rate(text_to_units(it.text, it.language), units)
+                results[it.id] = Scored(it.id, it.text, " ".join(units), rate, len(tokens))
+        if self.e.asr != "synthetic" and wavs:
+            ids = list(wavs)
+            try:
+                texts = self.asr.transcribe([resample(wavs[i], self.token2wav.sample_rate, 16000) for i in ids])
+            except Exception as exc:
+                log.warning("ASR failed for a batch of %d: %s", len(ids), exc)
+                texts = [None] * len(ids)
+            for i, hyp in zip(ids, texts):
+                it = by_id[i]
+                rate = None if hyp is None else cer.utterance_error_rate(it.text, hyp, it.language)
+                results[i] = Scored(i, it.text, hyp or "", rate, n_tokens[i])
+        return [results[it.id] for it in self.items]
+
+
+def run(cfg: DictConfig) -> int:
+    e = cfg.eval
+    items = load_set(e.set, e.data_path, e.get("language"))
+    if e.max_items:
+        items = items[: e.max_items]
+    if not items:
+        raise ValueError(f"no items in {e.data_path}")
+    checkpoints = select_checkpoints(cfg, e.checkpoints)
+    log.info("evaluating %d checkpoint(s) on %d items: %s", len(checkpoints), len(items), ", ".join(checkpoints))
+    evaluator = Evaluator(cfg, items)
+    unit = "pinyin syllable (synthetic codebook)" if e.asr == "synthetic" else "Seed-TTS-eval CER/WER"
+    summary = {}
+    for name, path in checkpoints.items():
+        scored = evaluator.evaluate(name, path)
+        summary[name] = report.write_checkpoint(Path(e.out_dir), name, scored, unit)
+        log.info("%s: CER %.4f over %d items (%d failures)", name, summary[name]["cer"], summary[name]["count"],
+                 summary[name]["failures"])
+    report.write_summary(Path(e.out_dir), summary)
+    return 0

@@ -1,0 +1,109 @@
+"""Stage 3: training checkpoints -> Hugging Face model directories that later stages load.
+
+- verl: `train/verl_checkpoints/global_step_N/actor` (FSDP shards) -> `train/merged/step_N` with
+  `python -m verl.model_merger merge --backend fsdp`, plus the files verl does not know about
+  (speech_tokens.json, cosyvoice_extra.pt, the tokenizer's chat template) copied from the base model.
+- local engine: checkpoints are already HF; they are validated, not rewritten.
+Every result is checked: config, tokenizer, speech-token layout and weight shapes agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from grpo.checkpoint import CARRIED_FILES
+from grpo.config import REPO_ROOT
+from grpo.speech_vocab import CHAT_TEMPLATE, SpeechVocab
+
+log = logging.getLogger(__name__)
+
+VERL_STEP = re.compile(r"^global_step_(\d+)$")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def validate(model_dir: Path) -> None:
+    """Raise if the directory is not a complete, consistent converted model."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
+    vocab = SpeechVocab.load(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    if config.vocab_size != vocab.vocab_size:
+        raise ValueError(f"{model_dir}: config vocab_size {config.vocab_size} != speech_tokens.json {vocab.vocab_size}")
+    shapes = {}
+    for shard in model_dir.glob("*.safetensors"):
+        with safe_open(shard, "pt") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+        if shapes.get(key, (None,))[0] != vocab.vocab_size:
+            raise ValueError(f"{model_dir}: {key} has shape {shapes.get(key)}, expected {vocab.vocab_size} rows")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.convert_tokens_to_ids("<|s_0|>") != vocab.speech_token_offset:
+        raise ValueError(f"{model_dir}: tokenizer does not map <|s_0|> to {vocab.speech_token_offset}")
+    if tok.chat_template != CHAT_TEMPLATE:
+        raise ValueError(f"{model_dir}: chat template differs from the CosyVoice2 input template")
+
+
+def carry_files(base: Path, target: Path) -> None:
+    for name in CARRIED_FILES + TOKENIZER_FILES:
+        if (base / name).exists():
+            shutil.copy2(base / name, target / name)
+
+
+def merge_verl_step(actor_dir: Path, target: Path, base: Path) -> Path:
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+           "--local_dir", str(actor_dir), "--target_dir", str(tmp)]
+    log.info("merging %s", actor_dir)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"verl.model_merger failed on {actor_dir}:\n{proc.stderr[-3000:]}")
+    carry_files(base, tmp)
+    validate(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+def verl_steps(cfg: DictConfig) -> dict[int, Path]:
+    root = Path(cfg.train.out_dir) / "verl_checkpoints"
+    if not root.is_dir():
+        return {}
+    return {int(m.group(1)): p / "actor" for p in root.iterdir()
+            if (m := VERL_STEP.match(p.name)) and (p / "actor" / "fsdp_config.json").exists()}
+
+
+def run(cfg: DictConfig) -> int:
+    from grpo.checkpoints import trained_checkpoints
+
+    base = Path(cfg.model.hf_dir)
+    steps = verl_steps(cfg)
+    wanted = cfg.merge.steps
+    if wanted == "last" and steps:
+        steps = {max(steps): steps[max(steps)]}
+    elif wanted not in ("all", "last"):
+        steps = {s: p for s, p in steps.items() if f"step_{s}" in wanted}
+    merged_root = Path(cfg.train.out_dir) / "merged"
+    for step, actor in sorted(steps.items()):
+        target = merged_root / f"step_{step}"
+        if target.exists() and not cfg.merge.overwrite:
+            log.info("step_%d already merged: %s", step, target)
+            continue
+        merge_verl_step(actor, target, base)
+    checkpoints = trained_checkpoints(cfg)
+    if not checkpoints:
+        log.error("no checkpoints under %s: run stage 2 first", cfg.train.out_dir)
+        return 1
+    for name, path in checkpoints.items():
+        validate(path)
+        log.info("%s ok: %s", name, path)
+    return 0

@@ -1,0 +1,112 @@
+"""Stages 3-5 on tiny models: merge a real verl FSDP2 checkpoint, evaluate base vs it, export to llm.pt."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import free_port
+from grpo import evaluate, export, merge
+from grpo.cer import corpus_error_rate, mean_error_rate, utterance_error_rate
+from grpo.report import read_tsv
+
+
+def test_seedtts_protocol_hand_checked():
+    assert utterance_error_rate("你好，世界！", "你好世界", "zh") == 0.0                 # full-width punctuation
+    assert utterance_error_rate("你好,世界!", "你好 世界。", "zh") == 0.0                 # ASCII and spaces
+    assert utterance_error_rate("今天天气很好", "今天天汽很好", "zh") == pytest.approx(1 / 6)   # characters, not pinyin
+    assert utterance_error_rate("我用GPU训练", "我用gpu训练", "zh") == pytest.approx(3 / 7)  # zh: case kept, per char
+    assert utterance_error_rate("Hello, World!", "hello world", "en") == 0.0
+    assert utterance_error_rate("it's fine", "its fine", "en") == pytest.approx(0.5)       # apostrophe kept
+    assert utterance_error_rate("这个问题", "這個問題", "zh") == 0.0
+    assert utterance_error_rate("你好", "", "zh") == 1.0
+    # per-utterance mean vs corpus rate differ when lengths differ; the mean is what is reported
+    refs, hyps = ["好", "今天天气很好我们去公园"], ["坏", "今天天气很好我们去公园"]
+    rates = [utterance_error_rate(r, h, "zh") for r, h in zip(refs, hyps)]
+    assert mean_error_rate(rates) == pytest.approx(0.5)
+    assert corpus_error_rate(refs, hyps, "zh") == pytest.approx(1 / 12)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_cfg, tmp_path_factory):
+    """A train dir holding one verl FSDP2 checkpoint (step 3) written on CPU."""
+    train_dir = tmp_path_factory.mktemp("train")
+    actor = train_dir / "verl_checkpoints" / "global_step_3" / "actor"
+    env = {**__import__("os").environ, "MASTER_PORT": str(free_port())}
+    subprocess.run([sys.executable, str(Path(__file__).parent / "fsdp_checkpoint.py"), tiny_cfg().model.hf_dir,
+                    str(actor), "3"], check=True, env=env, capture_output=True)
+    return train_dir
+
+
+def test_merge_verl_checkpoint(tiny_cfg, trained):
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    cfg = tiny_cfg(f"train.out_dir={trained}")
+    assert merge.run(cfg) == 0
+    merged = trained / "merged" / "step_3"
+    expected = torch.load(trained / "verl_checkpoints" / "global_step_3" / "expected.pt", weights_only=True)
+    weights = load_file(merged / "model.safetensors")
+    assert set(weights) == set(expected)
+    for k, v in expected.items():
+        assert torch.equal(weights[k], v.to(weights[k].dtype)), k
+    assert (merged / "speech_tokens.json").exists() and (merged / "cosyvoice_extra.pt").exists()
+    Qwen2ForCausalLM.from_pretrained(merged)
+    tok = AutoTokenizer.from_pretrained(merged)
+    assert tok.decode(tok.convert_tokens_to_ids(["<|s_5|>"]), skip_special_tokens=True) == "<|s_5|>"
+    assert merge.run(cfg) == 0                                  # idempotent: an existing merge is kept
+
+
+def test_evaluate_base_and_merged_reports_are_consistent(tiny_cfg, trained, tmp_path):
+    out = tmp_path / "eval"
+    cfg = tiny_cfg(f"train.out_dir={trained}", f"eval.out_dir={out}", "eval.max_items=6",
+                   "eval.checkpoints=[base,last]")
+    assert evaluate.run(cfg) == 0                               # vLLM loads the merged bf16 checkpoint too
+    report = json.loads((out / "report.json").read_text())
+    assert list(report) == ["base", "step_3"]
+    for name, r in report.items():
+        assert set(r) >= {"cer", "count", "failures"} and r["count"] + r["failures"] == 6
+        rows = read_tsv(out / f"{name}.tsv")
+        assert list(rows[0]) == ["id", "reference", "transcript", "error_rate"] and len(rows) == 6
+        rates = [float(x["error_rate"]) for x in rows if x["error_rate"]]
+        assert r["cer"] == pytest.approx(sum(rates) / len(rates))
+        assert len(list((out / name).glob("*.wav"))) == r["count"]
+    md = (out / "report.md").read_text()
+    assert "| base |" in md and "| step_3 |" in md and "Δ vs base" in md
+    assert (out / "report.png").stat().st_size > 1000
+
+
+def test_zero_shot_input_is_cosyvoice2s(tiny_cfg):
+    """prompt text + target text inside sos/task_id, then the prompt's speech tokens."""
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+    from transformers import AutoTokenizer
+
+    from grpo.speech_vocab import SpeechVocab
+    from grpo.zero_shot import ZeroShotItem
+
+    cfg = tiny_cfg()
+    tok = AutoTokenizer.from_pretrained(cfg.model.hf_dir)
+    vocab = SpeechVocab.load(cfg.model.hf_dir)
+    item = ZeroShotItem("a", "妈妈在做饭。", "今天天气很好。", prompt_speech_tokens=[1, 2, 3])
+    feats = {"a": {"llm_prompt_speech_token": torch.tensor([[1, 2, 3]])}}
+    cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
+    (zero_shot,), (n,) = evaluate.build_prompts([item], feats, tok, vocab, llm_prompt=True)
+    assert zero_shot == [vocab.sos_token_id, *cosy.encode("妈妈在做饭。今天天气很好。"), vocab.task_id_token_id,
+                         *vocab.to_hf_ids([1, 2, 3])]
+    assert n == len(cosy.encode("今天天气很好。"))
+    (cross,), _ = evaluate.build_prompts([item], feats, tok, vocab, llm_prompt=False)
+    assert cross == [vocab.sos_token_id, *cosy.encode("今天天气很好。"), vocab.task_id_token_id]
+
+
+def test_export_loads_into_cosyvoice(tiny_cfg, trained, tmp_path):
+    cfg = tiny_cfg(f"train.out_dir={trained}", f"export.out_dir={tmp_path / 'export'}", "export.checkpoints=[base,last]")
+    assert export.run(cfg) == 0
+    base_pt = torch.load(tmp_path / "export" / "base" / "llm.pt", weights_only=True)
+    original = torch.load(Path(cfg.model.cosyvoice_dir) / "llm.pt", weights_only=True)
+    assert all(torch.equal(base_pt[k], original[k]) for k in original)    # untrained: bit for bit
+    step = torch.load(tmp_path / "export" / "step_3" / "llm.pt", weights_only=True)
+    assert not torch.equal(step["llm.model.model.norm.weight"], original["llm.model.model.norm.weight"])
+    assert (tmp_path / "export" / "step_3" / "flow.pt").exists()        # the rest of the model directory

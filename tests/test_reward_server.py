@@ -1,0 +1,182 @@
+"""The reward server started for real (subprocess, Ray Serve on 127.0.0.1): API, validation, robustness."""
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+
+import httpx
+import pytest
+
+from reward_server.client import ClientConfig, RewardClient, RewardRequestError, RewardServerError
+from reward_server.codebook import Codebook
+from reward_server.scoring import reward_from_error_rate, text_to_units, units_error_rate
+
+pytestmark = pytest.mark.server
+
+TEXTS = ["今天天气很好。", "我们一起去公园散步吧。", "Hello world.", "他在2019年大学毕业。"]
+
+
+def expected(codebook, tokens, text, language):
+    c = units_error_rate(text_to_units(text, language), codebook.transcribe(tokens))
+    return reward_from_error_rate(c), c
+
+
+@pytest.fixture(scope="module")
+def codebook(tiny_cfg):
+    return Codebook.load(tiny_cfg().reward.codebook.path)
+
+
+def item(i, codebook, rng, correct=True):
+    text = TEXTS[i % len(TEXTS)]
+    lang = "en" if text.isascii() else "zh"
+    tokens = codebook.tokens_for_text(text, lang, rng) if correct else [rng.randrange(6561) for _ in range(8)]
+    return {"id": f"sample-{i}", "tokens": tokens, "text": text, "language": lang}
+
+
+def test_valid_request_scores_in_order(synthetic_server, codebook):
+    rng = random.Random(0)
+    items = [item(i, codebook, rng, correct=i % 2 == 0) for i in range(6)]
+    r = httpx.post(f"{synthetic_server.url}/score", json={"items": items}, timeout=30)
+    assert r.status_code == 200
+    results = r.json()["results"]
+    assert [x["id"] for x in results] == [i["id"] for i in items]
+    for it, res in zip(items, results):
+        reward, c = expected(codebook, it["tokens"], it["text"], it["language"])
+        assert res["reward"] == pytest.approx(reward) and res["error_rate"] == pytest.approx(c)
+    assert results[0]["reward"] == 1.0 and results[0]["transcript"] == " ".join(text_to_units(TEXTS[0]))
+
+
+def test_same_id_same_reward(synthetic_server, codebook):
+    it = item(1, codebook, random.Random(1), correct=False)
+    rewards = {httpx.post(f"{synthetic_server.url}/score", json={"items": [it]}).json()["results"][0]["reward"]
+                for _ in range(3)}
+    assert len(rewards) == 1
+
+
+BAD = [
+    ("bad json", b'{"items": [', 400, "malformed JSON"),
+    ("bad utf-8", b'{"items": [{"id": "\xff"}]}', 400, "UTF-8"),
+    ("no items", json.dumps({"foo": 1}).encode(), 422, '"items"'),
+    ("empty items", json.dumps({"items": []}).encode(), 422, "non-empty"),
+    ("missing fields", json.dumps({"items": [{"id": "a"}]}).encode(), 422, "tokens"),
+    ("wrong types", json.dumps({"items": [{"id": 3, "tokens": "12", "text": 5}]}).encode(), 422, "id"),
+    ("token out of range", json.dumps({"items": [{"id": "a", "tokens": [1, 7000], "text": "好"}]}).encode(), 422,
+     "outside the speech vocabulary"),
+    ("negative token", json.dumps({"items": [{"id": "a", "tokens": [-1], "text": "好"}]}).encode(), 422, "outside"),
+    ("bool token", json.dumps({"items": [{"id": "a", "tokens": [True], "text": "好"}]}).encode(), 422, "non-integer"),
+    ("empty tokens", json.dumps({"items": [{"id": "a", "tokens": [], "text": "好"}]}).encode(), 422, "empty"),
+    ("too many tokens", json.dumps({"items": [{"id": "a", "tokens": [1] * 101, "text": "好"}]}).encode(), 422,
+     "exceed the limit"),
+    ("text too long", json.dumps({"items": [{"id": "a", "tokens": [1], "text": "好" * 61}]}).encode(), 422,
+     "exceed the limit"),
+    ("unknown language", json.dumps({"items": [{"id": "a", "tokens": [1], "text": "hi", "language": "de"}]}).encode(),
+     422, "unknown language"),
+    ("punctuation only", json.dumps({"items": [{"id": "a", "tokens": [1], "text": "！？"}]}).encode(), 422,
+     "nothing speakable"),
+    ("too many items", json.dumps({"items": [{"id": "a", "tokens": [1], "text": "好"}] * 51}).encode(), 413,
+     "exceed the limit"),
+    ("body too large", json.dumps({"items": [{"id": "a" * 30000, "tokens": [1], "text": "好"}]}).encode(), 413,
+     "exceeds the limit"),
+]
+
+
+@pytest.mark.parametrize("name,body,status,message", BAD, ids=[b[0] for b in BAD])
+def test_malformed_requests_get_4xx_naming_the_problem(synthetic_server, name, body, status, message):
+    r = httpx.post(f"{synthetic_server.url}/score", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert message in r.text
+    assert httpx.get(f"{synthetic_server.url}/health").status_code == 200
+
+
+def test_errors_name_every_bad_item(synthetic_server):
+    items = [{"id": "ok", "tokens": [1], "text": "好"}, {"id": "b1", "tokens": [], "text": "好"},
+             {"id": "b2", "tokens": [1], "text": ""}]
+    problems = httpx.post(f"{synthetic_server.url}/score", json={"items": items}).json()["problems"]
+    assert {(p["item"], p["id"], p["field"]) for p in problems} == {(1, "b1", "tokens"), (2, "b2", "text")}
+
+
+def test_internal_failure_is_a_500_counted_in_metrics(synthetic_server):
+    # 6800 is inside the declared vocabulary (7000) but outside the codebook (6561): the backend raises
+    r = httpx.post(f"{synthetic_server.url}/score", json={"items": [{"id": "x", "tokens": [6800], "text": "好"}]})
+    assert r.status_code == 500 and "reward" not in r.text
+    metrics = httpx.get(f"{synthetic_server.url}/metrics").text
+    assert 'reward_failures_total{backend="synthetic",kind="backend"' in metrics
+    assert "reward_batch_size_bucket" in metrics and "reward_request_latency_seconds_bucket" in metrics
+    assert httpx.post(f"{synthetic_server.url}/score", json={"items": [{"id": "y", "tokens": [1], "text": "好"}]}
+                      ).status_code == 200
+
+
+def test_load_1000_concurrent_requests_with_malformed_ones(synthetic_server, codebook):
+    rng = random.Random(7)
+    requests = []
+    for i in range(1000):
+        if i % 5 == 0:   # 20% malformed, of several kinds
+            requests.append(("bad", rng.choice([b"{oops", json.dumps({"items": [{"id": "z", "tokens": []}]}).encode(),
+                                                json.dumps({"items": [{"id": "z", "tokens": [9999], "text": "好"}]}).encode()])))
+        else:
+            requests.append(("good", item(i, codebook, rng, correct=rng.random() < 0.5)))
+
+    async def fire():
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            async def one(kind, payload):
+                if kind == "good":
+                    return await client.post(f"{synthetic_server.url}/score", json={"items": [payload]})
+                return await client.post(f"{synthetic_server.url}/score", content=payload)
+            return await asyncio.gather(*(one(k, p) for k, p in requests))
+
+    start = time.perf_counter()
+    responses = asyncio.run(fire())
+    elapsed = time.perf_counter() - start
+    for (kind, payload), resp in zip(requests, responses):
+        if kind == "bad":
+            assert 400 <= resp.status_code < 500
+        else:
+            assert resp.status_code == 200, resp.text
+            reward, _ = expected(codebook, payload["tokens"], payload["text"], payload["language"])
+            assert resp.json()["results"][0]["reward"] == pytest.approx(reward)
+    assert httpx.get(f"{synthetic_server.url}/health").status_code == 200
+    print(f"1000 requests in {elapsed:.1f} s")
+
+
+def test_killed_replica_recovers_through_client_retries(synthetic_server, codebook):
+    rng = random.Random(11)
+    items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(300)]
+    old_pid = httpx.get(f"{synthetic_server.url}/health").json()["pid"]
+    client = RewardClient(ClientConfig(synthetic_server.url, timeout_s=60, retries=10, backoff_s=0.5))
+
+    async def run():
+        tasks = [asyncio.create_task(client.score_one(it)) for it in items]
+        await asyncio.sleep(0.2)
+        os.kill(old_pid, signal.SIGKILL)       # the replica dies with requests in flight
+        results = await asyncio.gather(*tasks)
+        await client.aclose()
+        return results
+
+    results = asyncio.run(run())
+    for it, res in zip(items, results):
+        assert res["id"] == it["id"]
+        assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
+    assert httpx.get(f"{synthetic_server.url}/health").json()["pid"] != old_pid
+
+
+def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
+    async def run(url, item):
+        client = RewardClient(ClientConfig(url, timeout_s=5, retries=2, backoff_s=0.05))
+        try:
+            return await client.score_one(item)
+        finally:
+            await client.aclose()
+
+    from conftest import free_port
+
+    with pytest.raises(RewardServerError, match="failed after 2 retries"):
+        asyncio.run(run(f"http://127.0.0.1:{free_port()}", {"id": "a", "tokens": [1], "text": "好"}))
+    with pytest.raises(RewardServerError, match="HTTP 500"):      # internal failure: retried, then raised
+        asyncio.run(run(synthetic_server.url, {"id": "a", "tokens": [6800], "text": "好"}))
+    with pytest.raises(RewardRequestError) as err:               # client error: raised at once
+        asyncio.run(run(synthetic_server.url, {"id": "a", "tokens": [], "text": "好"}))
+    assert err.value.status == 422

@@ -1,0 +1,148 @@
+"""The cluster engine, checked as far as a CPU allows: verl composes our overrides, verl's own reward
+manager calls our compute_score, and our agent loop hands vLLM the allowed token ids."""
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from grpo import verl_launcher
+from grpo.speech_vocab import SpeechVocab, format_speech_tokens
+from reward_server.codebook import Codebook
+from reward_server.scoring import reward_from_error_rate, text_to_units, units_error_rate
+
+
+def test_overrides_compose_in_verls_own_config(tiny_cfg):
+    cfg = tiny_cfg("train.engine=verl", "train.n=6", "train.clip_ratio_high=0.3", "train.filter_groups=true",
+                   "train.verl.n_gpus_per_node=4", "reward.auth_token=tok")
+    proc = verl_launcher.compose_check(verl_launcher.command(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from omegaconf import OmegaConf
+
+    job = OmegaConf.create(proc.stdout)
+    a = job.actor_rollout_ref
+    assert job.algorithm.adv_estimator == "grpo" and job.algorithm.filter_groups.enable is True
+    assert a.rollout.name == "vllm" and a.rollout.n == 6 and a.actor.clip_ratio_high == 0.3
+    assert a.rollout.agent.default_agent_loop == "speech_token_agent"
+    assert a.model.path == cfg.model.hf_dir and job.trainer.n_gpus_per_node == 4
+    assert job.trainer.resume_mode == "auto"
+    rf = job.reward.custom_reward_function
+    assert rf.path.endswith("grpo/reward_fn.py") and rf.name == "compute_score"
+    assert rf.reward_kwargs.url == cfg.reward.url and rf.reward_kwargs.auth_token == "tok"
+
+
+def test_unknown_key_fails_composition(tiny_cfg):
+    cfg = tiny_cfg("train.engine=verl", "train.verl.extra_overrides=[actor_rollout_ref.rollout.no_such_key=1]")
+    assert verl_launcher.compose_check(verl_launcher.command(cfg)).returncode != 0
+
+
+def test_exclude_on_failure_is_refused_for_verl(tiny_cfg):
+    with pytest.raises(ValueError, match="only supported by the local engine"):
+        verl_launcher.build_overrides(tiny_cfg("reward.on_failure=exclude"))
+
+
+def verl_config(overrides):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    import verl.trainer
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=f"{verl.trainer.__path__[0]}/config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@pytest.mark.server
+def test_reward_function_through_verls_reward_manager(tiny_cfg, synthetic_server):
+    from transformers import AutoTokenizer
+    from verl import DataProto
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    cfg = tiny_cfg(f"reward.port={synthetic_server.port}")
+    overrides = [o for o in verl_launcher.build_overrides(cfg) if "reward" in o.split("=")[0]]
+    config = verl_config(overrides)
+    tok = AutoTokenizer.from_pretrained(cfg.model.hf_dir)
+    vocab = SpeechVocab.load(cfg.model.hf_dir)
+    manager = load_reward_manager(config, tok)
+    codebook = Codebook.load(cfg.reward.codebook.path)
+    text = "今天天气很好。"
+    speech = codebook.tokens_for_text(text, "zh", random.Random(0))
+    speech[2] = speech[0]                                        # one wrong syllable
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, return_dict=False)
+    response = vocab.to_hf_ids(speech) + [vocab.stop_token_ids[0]] + [tok.pad_token_id] * 3   # padded like verl
+    attention = [1] * (len(prompt) + len(speech) + 1) + [0] * 3
+    data = DataProto.from_dict(
+        tensors={"prompts": torch.tensor([prompt]), "responses": torch.tensor([response]),
+                 "attention_mask": torch.tensor([attention])},
+        non_tensors={"data_source": np.array(["cosyvoice2_tts"], dtype=object),
+                     "reward_model": np.array([{"ground_truth": text}], dtype=object),
+                     "extra_info": np.array([{"sample_id": "zh_x", "language": "zh"}], dtype=object)})
+    out = manager.loop.run_until_complete(manager.run_single(data))
+    c = units_error_rate(text_to_units(text), codebook.transcribe(speech))
+    assert c > 0
+    assert out["reward_score"] == pytest.approx(reward_from_error_rate(c))
+    info = out["reward_extra_info"]
+    assert info["error_rate"] == pytest.approx(c) and info["no_speech"] == 0 and info["reward_failed"] == 0
+    # the decode path verl uses keeps the speech tokens
+    assert tok.decode(response, skip_special_tokens=True) == format_speech_tokens(speech)
+
+
+def test_no_speech_and_server_failure_are_never_a_silent_zero():
+    from grpo.reward_fn import compute_score
+    from reward_server.client import RewardServerError
+    from conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    no_speech = asyncio.run(compute_score("d", "", "你好", {}, url=url, no_speech_reward=-1.0))
+    assert no_speech["score"] == -1.0 and no_speech["no_speech"] == 1
+    with pytest.raises(RewardServerError):
+        asyncio.run(compute_score("d", "<|s_1|>", "你好", {}, url=url, retries=1, backoff_s=0.01))
+    excluded = asyncio.run(compute_score("d", "<|s_1|>", "你好", {}, url=url, retries=1, backoff_s=0.01,
+                                         on_failure="exclude"))
+    assert excluded["reward_failed"] == 1
+
+
+def test_agent_loop_passes_allowed_token_ids_to_vllm(tiny_cfg, tmp_path):
+    import hydra
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.workers.rollout.replica import TokenOutput
+
+    from grpo.agent_loop import SpeechTokenAgentLoop, speech_sampling_params
+
+    cfg = tiny_cfg()
+    vocab = SpeechVocab.load(cfg.model.hf_dir)
+    config = verl_config(verl_launcher.build_overrides(cfg))
+    agent_yaml = tmp_path / "agents.yaml"
+    from grpo.agent_loop import agent_loop_yaml
+
+    agent_yaml.write_text(agent_loop_yaml())
+    from omegaconf import OmegaConf
+
+    registry = {c.name: c for c in OmegaConf.load(agent_yaml)}
+    assert registry["speech_token_agent"]._target_ == "grpo.agent_loop.SpeechTokenAgentLoop"
+
+    class RecordingServer:
+        def __init__(self):
+            self.calls = []
+
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            self.calls.append((prompt_ids, sampling_params))
+            return TokenOutput(token_ids=vocab.to_hf_ids([5, 6]) + [vocab.stop_token_ids[0]], log_probs=None)
+
+    server = RecordingServer()
+    tok = AutoTokenizer.from_pretrained(cfg.model.hf_dir)
+    loop = hydra.utils.instantiate(config=OmegaConf.create({"_target_": registry["speech_token_agent"]._target_}),
+                                   trainer_config=DictConfigWrap(config=config), server_manager=server,
+                                   tokenizer=tok, processor=None, dataset_cls=None,
+                                   data_config=DictConfigWrap(config.data))
+    assert isinstance(loop, SpeechTokenAgentLoop)
+    base = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": False}
+    out = asyncio.run(loop.run(dict(base), raw_prompt=[{"role": "user", "content": "今天天气很好"}]))
+    prompt_ids, params = server.calls[0]
+    assert params["allowed_token_ids"] == vocab.allowed_token_ids()
+    assert set(vocab.stop_token_ids) <= set(params["stop_token_ids"])
+    assert prompt_ids[0] == vocab.sos_token_id and prompt_ids[-1] == vocab.task_id_token_id
+    assert out.response_ids[:2] == vocab.to_hf_ids([5, 6])
+    assert speech_sampling_params(base, vocab) is not base and "allowed_token_ids" not in base
