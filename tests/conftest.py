@@ -17,11 +17,13 @@ FAST_TINY = ["model.tiny.warm_start.steps=40"]
 
 @pytest.fixture(scope="session")
 def tiny_exp(tmp_path_factory) -> Path:
-    """exp_dir with stage -1 of the tiny profile done (models, codebook, speakers, HF conversion)."""
-    from grpo import models
+    """exp_dir with stages -1 and 0 of the tiny profile done (models, codebook, speakers, HF conversion, data)."""
+    from grpo import data, models
 
     exp = tmp_path_factory.mktemp("exp_tiny")
-    models.run(load_config([f"exp_dir={exp}", *FAST_TINY]))
+    cfg = load_config([f"exp_dir={exp}", *FAST_TINY])
+    models.run(cfg)
+    data.prepare(cfg.data)
     return exp
 
 

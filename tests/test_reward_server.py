@@ -16,7 +16,7 @@ from reward_server.scoring import reward_from_error_rate, text_to_units, units_e
 
 pytestmark = pytest.mark.server
 
-TEXTS = ["今天天气很好。", "我们一起去公园散步吧。", "Hello world.", "他在2019年大学毕业。"]
+TEXTS = ["今天天气很好。", "我们一起去公园散步吧。", "Time flies when you are having fun.", "他在2019年大学毕业。"]
 
 
 def expected(codebook, tokens, text, language):
@@ -59,7 +59,7 @@ def test_same_id_same_reward(synthetic_server, codebook):
 BAD = [
     ("bad json", b'{"items": [', 400, "malformed JSON"),
     ("bad utf-8", b'{"items": [{"id": "\xff"}]}', 400, "UTF-8"),
-    ("no items", json.dumps({"foo": 1}).encode(), 422, '"items"'),
+    ("no items", json.dumps({"foo": 1}).encode(), 422, 'items'),
     ("empty items", json.dumps({"items": []}).encode(), 422, "non-empty"),
     ("missing fields", json.dumps({"items": [{"id": "a"}]}).encode(), 422, "tokens"),
     ("wrong types", json.dumps({"items": [{"id": 3, "tokens": "12", "text": 5}]}).encode(), 422, "id"),

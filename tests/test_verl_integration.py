@@ -34,7 +34,7 @@ def test_overrides_compose_in_verls_own_config(tiny_cfg):
 
 
 def test_unknown_key_fails_composition(tiny_cfg):
-    cfg = tiny_cfg("train.engine=verl", "train.verl.extra_overrides=[actor_rollout_ref.rollout.no_such_key=1]")
+    cfg = tiny_cfg("train.engine=verl", "train.verl.extra_overrides=['actor_rollout_ref.rollout.no_such_key=1']")
     assert verl_launcher.compose_check(verl_launcher.command(cfg)).returncode != 0
 
 
@@ -139,7 +139,7 @@ def test_agent_loop_passes_allowed_token_ids_to_vllm(tiny_cfg, tmp_path):
                                    data_config=DictConfigWrap(config.data))
     assert isinstance(loop, SpeechTokenAgentLoop)
     base = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": False}
-    out = asyncio.run(loop.run(dict(base), raw_prompt=[{"role": "user", "content": "今天天气很好"}]))
+    out = loop.loop.run_until_complete(loop.run(dict(base), raw_prompt=[{"role": "user", "content": "今天天气很好"}]))
     prompt_ids, params = server.calls[0]
     assert params["allowed_token_ids"] == vocab.allowed_token_ids()
     assert set(vocab.stop_token_ids) <= set(params["stop_token_ids"])
