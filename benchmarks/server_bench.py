@@ -1,8 +1,9 @@
-"""Reward-server throughput: this server's way (concurrent single-item requests gathered by @serve.batch)
-versus the public reference's way (batch size 1, one sequential request per sample), on the same
-backend and machine, in one run.
+"""Reward-server throughput: this server's way (every sample scored concurrently through the training
+client, which sends concurrent calls together, the server batching them with @serve.batch) versus the
+public reference's way (batch size 1, one sequential request per sample), same backend and machine,
+in one run.
 
-    .venv/bin/python benchmarks/server_bench.py [--backend cosyvoice2|synthetic] [--samples 256]
+    .venv/bin/python benchmarks/server_bench.py [--backend cosyvoice2|synthetic] [--samples 256] [--replicas 2]
 
 Needs stage -1 of the tiny profile (bash run.sh -1 -1). Each mode gets a fresh server; samples are
 40 speech tokens (1.6 s of audio) with a Chinese reference. Prints figures; the last line is JSON.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from reward_server.client import ClientConfig, RewardClient
 from reward_server.launch import ServerProcess
 
 
@@ -39,29 +41,31 @@ def sequential(url: str, items: list[dict]) -> float:
 
 
 def concurrent(url: str, items: list[dict], concurrency: int) -> float:
+    """All samples at once through the training client: one score_one call per sample, as verl makes them;
+    the client sends the calls of a few milliseconds together and the server batches them."""
     async def go():
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        sem = asyncio.Semaphore(concurrency)
-        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-            async def one(it):
-                async with sem:
-                    (await client.post(f"{url}/score", json={"items": [it]})).raise_for_status()
-            start = time.perf_counter()
-            await asyncio.gather(*(one(it) for it in items))
-            return len(items) / (time.perf_counter() - start)
+        client = RewardClient(ClientConfig(url, timeout_s=300, max_concurrency=concurrency))
+        start = time.perf_counter()
+        await asyncio.gather(*(client.score_one(it) for it in items))
+        elapsed = time.perf_counter() - start
+        await client.aclose()
+        return len(items) / elapsed
     return asyncio.run(go())
 
 
-def measure(backend: str, batch: int, mode: str, items: list[dict], concurrency: int, log_dir: Path) -> float:
-    server = ServerProcess([f"reward.backend={backend}", f"reward.max_batch_size={batch}",
-                            "reward.batch_wait_timeout_s=0.02"], log_path=log_dir / f"{mode}.log").wait()
+def measure(backend: str, batch: int, replicas: int, mode: str, items: list[dict], concurrency: int,
+            log_dir: Path) -> float:
+    server = ServerProcess([f"reward.backend={backend}", f"reward.max_batch_size={batch}", "reward.cpus_per_replica=1",
+                            f"reward.num_replicas={replicas}", "reward.batch_wait_timeout_s=0.02"],
+                           log_path=log_dir / f"{mode}.log").wait()
     try:
         warm = make_items(8, seed=99)
         sequential(server.url, warm)            # load models, fill caches
         rates = [sequential(server.url, items) if mode == "reference" else concurrent(server.url, items, concurrency)
                  for _ in range(3)]
         rates.sort()
-        print(f"{mode:9s} batch {batch:3d}: {', '.join(f'{r:.1f}' for r in rates)} samples/s (median {rates[1]:.1f})")
+        print(f"{mode:9s} batch {batch:3d}, {replicas} replica(s): {', '.join(f'{r:.1f}' for r in rates)} samples/s "
+              f"(median {rates[1]:.1f})")
         return rates[1]
     finally:
         server.stop()
@@ -73,15 +77,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--replicas", type=int, default=2, help="replicas of the batched server (the reference: 1)")
     args = parser.parse_args()
     items = make_items(args.samples)
     with tempfile.TemporaryDirectory() as tmp:
-        ref = measure(args.backend, 1, "reference", items, 1, Path(tmp))
-        ours = measure(args.backend, args.batch, "batched", items, args.concurrency, Path(tmp))
+        ref = measure(args.backend, 1, 1, "reference", items, 1, Path(tmp))
+        ours = measure(args.backend, args.batch, args.replicas, "batched", items, args.concurrency, Path(tmp))
     print(f"ratio: {ours / ref:.2f}x")
     print(json.dumps({"benchmark": "reward_server", "backend": args.backend, "samples": args.samples,
                       "reference_samples_per_s": round(ref, 2), "batched_samples_per_s": round(ours, 2),
-                      "ratio": round(ours / ref, 2), "max_batch_size": args.batch, "concurrency": args.concurrency}))
+                      "ratio": round(ours / ref, 2), "max_batch_size": args.batch, "replicas": args.replicas,
+                      "concurrency": args.concurrency}))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 verl 0.9.1's reward loop awaits `compute_score(data_source, solution_str, ground_truth, extra_info,
 **reward_kwargs)` with the response decoded by `tokenizer.decode(..., skip_special_tokens=True)`,
 so speech tokens arrive as `<|s_N|>` strings. Keys in `reward_kwargs` (set by the launcher from
-`reward.*`): url, timeout_s, retries, backoff_s, max_concurrency, auth_token, no_speech_reward,
-on_failure.
+`reward.*`): url, timeout_s, retries, backoff_s, max_concurrency, auth_token, batch_wait_s,
+max_items_per_request, no_speech_reward, on_failure. Concurrent calls are sent to the server together
+(reward_server.client).
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ _CLIENTS: dict[tuple, RewardClient] = {}
 ON_FAILURE = ("raise", "exclude")
 
 
-def client_for(url: str, timeout_s: float = 120.0, retries: int = 5, backoff_s: float = 0.5,
-               max_concurrency: int = 64, auth_token: str | None = None) -> RewardClient:
-    """One client (connection pools) per server configuration, shared by all calls in this process."""
-    key = (url, timeout_s, retries, backoff_s, max_concurrency, auth_token)
+def client_for(**config) -> RewardClient:
+    """One client (connection pools, pending batch) per server configuration, shared by all calls."""
+    key = tuple(sorted(config.items()))
     if key not in _CLIENTS:
-        _CLIENTS[key] = RewardClient(ClientConfig(url, timeout_s, retries, backoff_s, max_concurrency, auth_token))
+        _CLIENTS[key] = RewardClient(ClientConfig(**config))
     return _CLIENTS[key]
 
 
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
                         timeout_s: float = 120.0, retries: int = 5, backoff_s: float = 0.5, max_concurrency: int = 64,
-                        auth_token: str | None = None, no_speech_reward: float = 0.0, on_failure: str = "raise",
-                        **_ignored) -> dict:
+                        auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 256,
+                        no_speech_reward: float = 0.0, on_failure: str = "raise", **_ignored) -> dict:
     """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"}."""
     if on_failure not in ON_FAILURE:
         raise ValueError(f"reward.on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
@@ -42,7 +42,9 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
         return {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1, "reward_failed": 0}
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
-    client = client_for(url, timeout_s, retries, backoff_s, max_concurrency, auth_token)
+    client = client_for(url=url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
+                        max_concurrency=max_concurrency, auth_token=auth_token, batch_wait_s=batch_wait_s,
+                        max_items_per_request=max_items_per_request)
     try:
         result = await client.score_one(item)
     except RewardServerError:
@@ -60,4 +62,6 @@ def reward_kwargs(cfg) -> dict:
     r = cfg.reward
     return {"url": r.url, "timeout_s": r.client.timeout_s, "retries": r.client.retries,
             "backoff_s": r.client.backoff_s, "max_concurrency": r.client.max_concurrency,
+            "batch_wait_s": r.client.batch_wait_s,
+            "max_items_per_request": min(r.client.max_items_per_request, r.limits.max_items_per_request),
             "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure}

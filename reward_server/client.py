@@ -1,8 +1,12 @@
 """Async client for the reward server, used by training (grpo.reward_fn).
 
-Concurrent calls share one connection pool per event loop, a semaphore bounds them, timeouts apply,
-and connection errors or 5xx answers are retried with exponential backoff. After the last retry it
-raises RewardServerError: there is never a silent 0.0.
+verl calls the reward function once per response, concurrently. `score_one` gathers the calls made
+within `batch_wait_s` into one POST (up to `max_items_per_request` items), so a step's responses reach
+the server as a few requests that fill its @serve.batch batches instead of hundreds of tiny ones.
+Connection errors and 5xx answers are retried with exponential backoff; after the last retry the
+callers get RewardServerError: there is never a silent 0.0. A 4xx names the bad items: those callers
+get RewardRequestError and the rest of the request is sent again without them; a request over the
+server's size limits (413) is split in halves.
 """
 
 from __future__ import annotations
@@ -38,28 +42,37 @@ class ClientConfig:
     backoff_s: float = 0.5
     max_concurrency: int = 64
     auth_token: str | None = None
+    batch_wait_s: float = 0.005
+    max_items_per_request: int = 256
+
+
+class _LoopState:
+    """What belongs to one event loop: the connection pool, the concurrency bound, the pending batch."""
+
+    def __init__(self, config: ClientConfig):
+        headers = {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
+        limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
+        self.http = httpx.AsyncClient(base_url=config.url, timeout=config.timeout_s, headers=headers, limits=limits)
+        self.semaphore = asyncio.Semaphore(config.max_concurrency)
+        self.pending: list[tuple[dict, asyncio.Future]] = []
+        self.flusher: asyncio.TimerHandle | None = None
 
 
 class RewardClient:
     def __init__(self, config: ClientConfig):
         self.config = config
-        self._http: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def _session(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         # httpx clients are bound to the loop they were made in; verl may call from several loops
-        key = asyncio.get_running_loop()
-        if key not in self._http:
-            headers = {"Authorization": f"Bearer {self.config.auth_token}"} if self.config.auth_token else {}
-            limits = httpx.Limits(max_connections=self.config.max_concurrency,
-                                  max_keepalive_connections=self.config.max_concurrency)
-            self._http[key] = (httpx.AsyncClient(base_url=self.config.url, timeout=self.config.timeout_s,
-                                                 headers=headers, limits=limits),
-                               asyncio.Semaphore(self.config.max_concurrency))
-        return self._http[key]
+        self._loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        if loop not in self._loops:
+            self._loops[loop] = _LoopState(self.config)
+        return self._loops[loop]
 
     async def score(self, items: list[dict]) -> list[dict]:
-        """POST /score with retries; returns the results in input order."""
-        http, semaphore = self._session()
+        """One POST /score with retries; returns the results in input order."""
+        state = self._state()
         last_error = "no attempt"
         for attempt in range(self.config.retries + 1):
             if attempt:
@@ -67,8 +80,8 @@ class RewardClient:
                 log.warning("reward server: %s; retry %d/%d in %.1f s", last_error, attempt, self.config.retries, delay)
                 await asyncio.sleep(delay)
             try:
-                async with semaphore:
-                    resp = await http.post("/score", json={"items": items})
+                async with state.semaphore:
+                    resp = await state.http.post("/score", json={"items": items})
             except httpx.TransportError as exc:   # connection refused/reset, timeouts
                 last_error = f"{type(exc).__name__}: {exc}"
                 continue
@@ -89,9 +102,55 @@ class RewardClient:
                                 f"(last: {last_error})")
 
     async def score_one(self, item: dict) -> dict:
-        return (await self.score([item]))[0]
+        """Score one item, sent together with the other items requested within batch_wait_s."""
+        state = self._state()
+        future = asyncio.get_running_loop().create_future()
+        state.pending.append((item, future))
+        if len(state.pending) >= self.config.max_items_per_request:
+            self._flush(state)
+        elif state.flusher is None:
+            state.flusher = asyncio.get_running_loop().call_later(self.config.batch_wait_s, self._flush, state)
+        return await future
+
+    def _flush(self, state: _LoopState) -> None:
+        if state.flusher is not None:
+            state.flusher.cancel()
+            state.flusher = None
+        batch, state.pending = state.pending, []
+        if batch:
+            asyncio.get_running_loop().create_task(self._send(batch))
+
+    async def _send(self, batch: list[tuple[dict, asyncio.Future]]) -> None:
+        while batch:
+            try:
+                results = await self.score([item for item, _ in batch])
+            except RewardRequestError as exc:
+                if exc.status == 413 and len(batch) > 1:       # over the server's size limits: halve
+                    half = len(batch) // 2
+                    await asyncio.gather(self._send(batch[:half]), self._send(batch[half:]))
+                    return
+                bad = {p.get("item") for p in (exc.body.get("problems", []) if isinstance(exc.body, dict) else [])}
+                if not bad or None in bad:
+                    self._fail(batch, exc)
+                    return
+                self._fail([b for i, b in enumerate(batch) if i in bad], exc)
+                batch = [b for i, b in enumerate(batch) if i not in bad]   # send the good ones again
+                continue
+            except Exception as exc:                                     # RewardServerError and the like
+                self._fail(batch, exc)
+                return
+            for (_, future), result in zip(batch, results):
+                if not future.done():
+                    future.set_result(result)
+            return
+
+    @staticmethod
+    def _fail(batch, exc: Exception) -> None:
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(exc)
 
     async def aclose(self) -> None:
-        session = self._http.pop(asyncio.get_running_loop(), None)
-        if session is not None:
-            await session[0].aclose()
+        state = self._loops.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state.http.aclose()

@@ -38,9 +38,14 @@ def _normalizer(language: str):
     return Normalizer(lang=language, operator="tn")
 
 
+# every Unicode punctuation or symbol character of the Basic Multilingual Plane (both widths) -> space
+_PUNCT_TO_SPACE = {cp: " " for cp in range(0x10000) if unicodedata.category(chr(cp))[0] in "PS"}
+_WORDS = jiwer.ReduceToListOfListOfWords()   # units are already normalised: only split on spaces
+
+
 def strip_punctuation(text: str) -> str:
     """Replace every Unicode punctuation or symbol character (both widths) by a space."""
-    return "".join(" " if unicodedata.category(ch)[0] in "PS" else ch for ch in text)
+    return text.translate(_PUNCT_TO_SPACE)
 
 
 @lru_cache(maxsize=65536)
@@ -86,7 +91,8 @@ def units_error_rate(reference: tuple[str, ...] | list[str], hypothesis: tuple[s
         raise ValueError("empty reference: nothing to score against")
     if not hypothesis:
         return 1.0
-    return float(jiwer.wer(" ".join(reference), " ".join(hypothesis)))
+    return float(jiwer.wer(" ".join(reference), " ".join(hypothesis), reference_transform=_WORDS,
+                           hypothesis_transform=_WORDS))
 
 
 def error_rate(reference: str, hypothesis: str, language: str = "zh", ignore_tones: bool = False) -> float:

@@ -62,6 +62,63 @@ class Token2Wav:
         return wav.squeeze(0).float().cpu().numpy()
 
 
+    @torch.inference_mode()
+    def flow_batch(self, tokens: list[list[int]], speakers: list[dict]) -> list[torch.Tensor]:
+        """Mel spectrograms of several utterances with CosyVoice's flow modules, the costly part batched.
+
+        CosyVoice's `flow.inference` and its Euler solver take one utterance (two rows for
+        classifier-free guidance). Here the encoder runs per utterance, and the ten guided passes of the
+        causal estimator (masked, so padding does not leak) run on the right-padded batch, with the fixed
+        noise of CausalConditionalCFM and the Euler steps of its `solve_euler`. Equal to per-utterance
+        inference up to float rounding (tests/test_reward_backends.py)."""
+        from cosyvoice.utils.mask import make_pad_mask
+
+        flow, cfm, dev = self.flow, self.flow.decoder, self.device
+        emb = flow.spk_embed_affine_layer(torch.nn.functional.normalize(
+            torch.cat([spk["flow_embedding"] for spk in speakers]).to(dev), dim=1))
+        # the encoder runs per utterance: its look-ahead convolution would read padding in a batch;
+        # the 10 guided estimator passes, which dominate the cost, run on the padded batch
+        mus = []
+        for t, spk in zip(tokens, speakers):
+            full = torch.cat([spk["flow_prompt_speech_token"].flatten().long(), torch.tensor(t, dtype=torch.long)])
+            h, _ = flow.encoder(flow.input_embedding(full[None].to(dev)), torch.tensor([len(full)], device=dev),
+                                streaming=False)
+            mus.append(flow.encoder_proj(h)[0])                         # (T_i, 80)
+        mel_len = torch.tensor([len(m) for m in mus], device=dev)
+        mu = torch.nn.utils.rnn.pad_sequence(mus, batch_first=True).transpose(1, 2)   # (B, 80, T)
+        prompt_len = [spk["prompt_speech_feat"].shape[1] for spk in speakers]
+        cond = torch.zeros_like(mu)
+        for i, spk in enumerate(speakers):
+            cond[i, :, :prompt_len[i]] = spk["prompt_speech_feat"][0].to(dev).T
+        mask = (~make_pad_mask(mel_len)).unsqueeze(1).to(mu)           # (B, 1, T)
+        B, T = mu.shape[0], mu.shape[2]
+        x = cfm.rand_noise[:, :, :T].to(dev, mu.dtype).expand(B, -1, -1).clone()
+        t_span = torch.linspace(0, 1, 10 + 1, device=dev, dtype=mu.dtype)
+        if cfm.t_scheduler == "cosine":
+            t_span = 1 - torch.cos(t_span * 0.5 * torch.pi)
+        zeros_mu, zeros_spk = torch.zeros_like(mu), torch.zeros_like(emb)
+        for step in range(1, len(t_span)):
+            t, dt = t_span[step - 1], t_span[step] - t_span[step - 1]
+            out = cfm.estimator(torch.cat([x, x]), torch.cat([mask, mask]), torch.cat([mu, zeros_mu]),
+                                t.expand(2 * B), torch.cat([emb, zeros_spk]), torch.cat([cond, zeros_mu]),
+                                streaming=False)
+            cond_out, uncond_out = out[:B], out[B:]
+            x = x + dt * ((1.0 + cfm.inference_cfg_rate) * cond_out - cfm.inference_cfg_rate * uncond_out)
+        return [x[i, :, prompt_len[i]:mel_len[i]].float() for i in range(B)]
+
+    @torch.inference_mode()
+    def batch(self, tokens: list[list[int]], speakers: list[dict], seeds: list[int]) -> list[np.ndarray]:
+        """Several utterances: the flow in one batched pass, HiFT per utterance (seeded)."""
+        dev = self.device
+        wavs = []
+        for mel, seed in zip(self.flow_batch(tokens, speakers), seeds):
+            with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+                torch.manual_seed(seed)
+                wav, _ = self.hift.inference(speech_feat=mel[None], cache_source=torch.zeros(1, 1, 0, device=dev))
+            wavs.append(wav.squeeze(0).float().cpu().numpy())
+        return wavs
+
+
 def resample(wav: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
     if orig_sr == target_sr:
         return wav

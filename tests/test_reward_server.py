@@ -180,3 +180,32 @@ def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
     with pytest.raises(RewardRequestError) as err:               # client error: raised at once
         asyncio.run(run(synthetic_server.url, {"id": "a", "tokens": [], "text": "好"}))
     assert err.value.status == 422
+
+
+def requests_count(url) -> float:
+    import re
+
+    return sum(float(v) for v in re.findall(r'^reward_requests_total\{[^}]*\} ([0-9.e+]+)$',
+                                            httpx.get(f"{url}/metrics").text, re.M))
+
+
+def test_client_sends_concurrent_calls_together_and_isolates_bad_items(synthetic_server, codebook):
+    rng = random.Random(5)
+    good = [item(i, codebook, rng) for i in range(120)]
+    bad = {"id": "bad", "tokens": [], "text": "好"}                 # 422: empty tokens
+    before = requests_count(synthetic_server.url)
+
+    async def run():
+        client = RewardClient(ClientConfig(synthetic_server.url, retries=2, backoff_s=0.05))
+        out = await asyncio.gather(*(client.score_one(it) for it in good[:60] + [bad] + good[60:]),
+                                   return_exceptions=True)
+        await client.aclose()
+        return out
+
+    out = asyncio.run(run())
+    assert isinstance(out[60], RewardRequestError) and out[60].status == 422
+    results = out[:60] + out[61:]
+    assert all(isinstance(r, dict) for r in results) and [r["id"] for r in results] == [g["id"] for g in good]
+    sent = requests_count(synthetic_server.url) - before
+    # 121 calls: split by the server's limits (50 items, 20 kB) and resent once without the bad item
+    assert sent <= 12, f"{sent} requests for 121 calls"
