@@ -32,6 +32,7 @@ class Scored:
     transcript: str
     error_rate: float | None     # None: failed (no speech, synthesis or ASR error), excluded from the mean
     tokens: int
+    sim: float | None = None     # speaker similarity to the prompt (eval.speaker_model and a prompt_wav)
 
 
 def prompt_features(items: list[ZeroShotItem], cfg: DictConfig) -> dict[str, dict]:
@@ -89,11 +90,20 @@ class Evaluator:
                                   cfg.train.rollout.enforce_eager, max_len, cfg.seed,
                                   cfg.train.rollout.cpu_kv_cache_gib)
         self.token2wav = None
-        if self.e.write_wavs or self.e.asr != "synthetic":
+        if self.e.write_wavs or self.e.asr != "synthetic" or self.e.speaker_model:
             from reward_server.token2wav import Token2Wav
 
             self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, "cuda" if torch.cuda.is_available() else "cpu")
         self.asr = self._asr()
+        self.sim = None
+        if self.e.speaker_model:
+            from grpo.speaker_sim import SpeakerSimilarity
+            from reward_server.token2wav import load_wav_16k
+
+            self.sim = SpeakerSimilarity(self.e.speaker_model)
+            self.prompt_wavs = {it.id: load_wav_16k(it.prompt_wav)[0].numpy() for it in items if it.prompt_wav}
+            if not self.prompt_wavs:
+                log.warning("eval.speaker_model is set but no item has a prompt_wav: no speaker similarity")
 
     def _asr(self):
         if self.e.asr == "synthetic":
@@ -162,6 +172,11 @@ class Evaluator:
                 it = by_id[i]
                 rate = None if hyp is None else cer.utterance_error_rate(it.text, hyp, it.language)
                 results[i] = Scored(i, it.text, hyp or "", rate, n_tokens[i])
+        if self.sim is not None:
+            for i, wav in wavs.items():
+                if i in self.prompt_wavs and results[i].error_rate is not None:
+                    results[i].sim = self.sim.similarity(resample(wav, self.token2wav.sample_rate, 16000),
+                                                         self.prompt_wavs[i])
         return [results[it.id] for it in self.items]
 
 

@@ -26,8 +26,12 @@ def write_checkpoint(out_dir: Path, name: str, scored, unit: str) -> dict:
         for s in scored:
             w.writerow([s.id, s.reference, s.transcript, "" if s.error_rate is None else f"{s.error_rate:.6f}"])
     rates = [s.error_rate for s in scored if s.error_rate is not None]
-    return {"cer": mean_error_rate(rates), "count": len(rates), "failures": len(scored) - len(rates),
-            "unit": unit, "tsv": f"{name}.tsv"}
+    summary = {"cer": mean_error_rate(rates), "count": len(rates), "failures": len(scored) - len(rates),
+               "unit": unit, "tsv": f"{name}.tsv"}
+    sims = [s.sim for s in scored if s.sim is not None]
+    if sims:
+        summary.update(sim=sum(sims) / len(sims), sim_count=len(sims))
+    return summary
 
 
 def read_tsv(path: Path) -> list[dict]:
@@ -47,11 +51,12 @@ def write_summary(out_dir: Path, summary: dict) -> None:
     base = summary.get("base", {}).get("cer")
     unit = next(iter(summary.values()))["unit"] if summary else ""
     lines = ["# Zero-shot evaluation", "", f"Error unit: {unit}; figure: mean of per-utterance rates "
-             "(Seed-TTS-eval protocol).", "", "| checkpoint | CER | Δ vs base | scored | failures |",
-             "|---|---|---|---|---|"]
+             "(Seed-TTS-eval protocol).", "", "| checkpoint | CER | Δ vs base | scored | failures | SIM |",
+             "|---|---|---|---|---|---|"]
     for name, r in summary.items():
+        sim = f"{r['sim']:.3f}" if "sim" in r else "–"
         lines.append(f"| {name} | {r['cer']:.4f} | {_delta(r['cer'], base) if name != 'base' else '–'} | "
-                     f"{r['count']} | {r['failures']} |")
+                     f"{r['count']} | {r['failures']} | {sim} |")
     (out_dir / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     plot(out_dir / "report.png", summary)
 

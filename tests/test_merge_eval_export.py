@@ -110,3 +110,55 @@ def test_export_loads_into_cosyvoice(tiny_cfg, trained, tmp_path):
     step = torch.load(tmp_path / "export" / "step_3" / "llm.pt", weights_only=True)
     assert not torch.equal(step["llm.model.model.norm.weight"], original["llm.model.model.norm.weight"])
     assert (tmp_path / "export" / "step_3" / "flow.pt").exists()        # the rest of the model directory
+
+
+@pytest.fixture(scope="module")
+def speaker_onnx(tmp_path_factory):
+    """A tiny ONNX speaker encoder with CAM++'s interface: fbank (1, T, 80) -> embedding (1, 192)."""
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.proj = torch.nn.Linear(80, 192)
+
+        def forward(self, feats):
+            return self.proj(feats).pow(2).mean(1).sqrt()     # std pooling (fbank is mean-normalised)
+
+    path = tmp_path_factory.mktemp("spk") / "speaker.onnx"
+    torch.onnx.export(Encoder(), (torch.randn(1, 50, 80),), str(path), input_names=["feats"], output_names=["emb"],
+                      dynamic_axes={"feats": {1: "T"}}, dynamo=False)
+    return path
+
+
+def test_speaker_similarity(speaker_onnx):
+    import numpy as np
+
+    from grpo.speaker_sim import SpeakerSimilarity
+
+    sim = SpeakerSimilarity(speaker_onnx)
+    rng = np.random.default_rng(0)
+    a = np.sin(np.arange(16000) * 0.05).astype(np.float32) * 0.3
+    b = rng.standard_normal(16000).astype(np.float32) * 0.3
+    assert sim.similarity(a, a) == pytest.approx(1.0, abs=1e-5)
+    assert sim.similarity(a, b) < 0.99
+
+
+def test_evaluate_reports_speaker_similarity_with_prompt_wavs(tiny_cfg, speaker_onnx, tmp_path):
+    import soundfile as sf
+
+    from reward_server.token2wav import Token2Wav, tiny_prompt_features
+
+    cfg = tiny_cfg()
+    items = [json.loads(line) for line in Path("data/zero_shot_tiny.jsonl").read_text().splitlines()[:3]]
+    t2w = Token2Wav(cfg.model.cosyvoice_dir)
+    for it in items:   # a prompt recording: the prompt tokens spoken by the tiny token2wav
+        wav = t2w(it["prompt_speech_tokens"], tiny_prompt_features(it["id"], it["prompt_speech_tokens"]), seed=0)
+        sf.write(tmp_path / f"{it['id']}.wav", wav, 24000)
+        it["prompt_wav"] = f"{it['id']}.wav"
+    (tmp_path / "set.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
+    out = tmp_path / "eval"
+    assert evaluate.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
+                                 "eval.checkpoints=[base]", f"eval.speaker_model={speaker_onnx}")) == 0
+    report = json.loads((out / "report.json").read_text())["base"]
+    assert report["sim_count"] == report["count"] == 3 and -1.0 <= report["sim"] <= 1.0
+    assert "SIM" in (out / "report.md").read_text()

@@ -101,3 +101,13 @@ def test_real_english_audio_scores_the_matching_text_higher(tmp_path):
     assert errors.diagonal().mean() < errors[off].mean() - 0.25
     assert rewards.diagonal().mean() > 2 * rewards[off].mean()
     assert (errors.argmin(axis=1) == np.arange(len(sentences))).mean() >= 0.6
+
+
+def test_app_builder_for_serve_run_on_an_existing_cluster(tiny_exp):
+    """`serve run reward_server.app:app_builder overrides=...` builds the same application."""
+    from ray.serve import Application
+
+    from reward_server.app import app_builder
+
+    app = app_builder({"overrides": f"exp_dir={tiny_exp} reward.backend=synthetic reward.num_replicas=3"})
+    assert isinstance(app, Application)
