@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -115,7 +115,8 @@ def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg:
                                                                  config=cfg)
     entropy_mean = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
     loss = pg_loss - cfg.entropy_coeff * entropy_mean
-    metrics = {"pg_loss": pg_loss.item(), "entropy": entropy_mean.item(), **{k.split("/")[-1]: v for k, v in pg_metrics.items()}}
+    metrics = {"pg_loss": pg_loss.item(), "entropy": entropy_mean.item(),
+               **{k.split("/")[-1]: v for k, v in pg_metrics.items()}}
     if leak is not None:
         metrics["non_speech_mass"] = core_algos.agg_loss(leak.detach(), mask, "token-mean").item()
     if ref_logp is not None:   # KL to the reference model: a loss term when use_kl_loss, else only a metric

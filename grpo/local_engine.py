@@ -176,7 +176,8 @@ class LocalGRPOTrainer:
                 mb = batch.select(rows)
                 loss, m = policy_loss(self.model, mb, advantages[rows],
                                       None if old_logp is None else old_logp[rows],
-                                      None if ref_logp is None else ref_logp[rows], self.actor_cfg, self.allowed, self.restrict)
+                                      None if ref_logp is None else ref_logp[rows], self.actor_cfg,
+                                      self.allowed, self.restrict)
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
                 m["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip).item()

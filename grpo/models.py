@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -33,6 +31,19 @@ def _read_rows(paths) -> list[dict]:
     return rows
 
 
+def codebook_texts(cfg: DictConfig) -> list[tuple[str, str]]:
+    """(text, language) of every text and prompt text in the codebook's source files."""
+    return [(t, r.get("language", "zh")) for r in _read_rows(cfg.reward.codebook.sources)
+            for t in (r.get("text"), r.get("prompt_text")) if isinstance(t, str)]
+
+
+def build_default_codebook(cfg: DictConfig):
+    from reward_server.codebook import build_codebook
+
+    return build_codebook(codebook_texts(cfg), cfg.model.tiny.speech_token_size, cfg.reward.codebook.silence_fraction,
+                          cfg.reward.codebook.seed)
+
+
 def _stamp(cfg: DictConfig) -> str:
     """What the tiny build depends on: its sizes, the codebook settings and the data the tokenizers learn from."""
     h = hashlib.sha256(json.dumps(OmegaConf.to_container(cfg.model.tiny, resolve=True), sort_keys=True).encode())
@@ -46,7 +57,6 @@ def _stamp(cfg: DictConfig) -> str:
 def build_tiny(cfg: DictConfig) -> None:
     from grpo import tiny_models
     from grpo.warm_start import warm_start
-    from reward_server.codebook import build_codebook
     from reward_server.token2wav import tiny_speakers
 
     cv_dir, sv_dir = resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.sensevoice_dir)
@@ -56,14 +66,10 @@ def build_tiny(cfg: DictConfig) -> None:
         log.info("tiny models in %s are up to date (delete the directory to rebuild)", cv_dir)
         return
     tiny = cfg.model.tiny
-    rows = _read_rows(cfg.reward.codebook.sources)
-    texts = [t for r in rows for t in (r.get("text"), r.get("prompt_text")) if isinstance(t, str)]
+    texts = [t for t, _ in codebook_texts(cfg)]
     tiny_models.build_cosyvoice_dir(cv_dir, tiny, texts)
     tiny_models.build_sensevoice_dir(sv_dir, tiny.sensevoice, texts, tiny.seed)
-
-    pairs = [(t, r.get("language", "zh")) for r in rows for t in (r.get("text"), r.get("prompt_text")) if isinstance(t, str)]
-    codebook = build_codebook(pairs, tiny.speech_token_size, cfg.reward.codebook.silence_fraction,
-                              cfg.reward.codebook.seed)
+    codebook = build_default_codebook(cfg)
     codebook.save(resolve_path(cfg.reward.codebook.path))
     torch.save(tiny_speakers(cfg.reward.prompt_speakers.num_tiny, tiny.seed, speech_token_size=tiny.speech_token_size),
                resolve_path(cfg.reward.prompt_speakers.features))

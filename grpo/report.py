@@ -91,7 +91,8 @@ def print_summary(out_dir: Path) -> int:
         print(f"base CER  {summary['base']['cer']:.4f}")
     if names:
         final = names[-1]
-        print(f"final CER {summary[final]['cer']:.4f} ({final}; {_delta(summary[final]['cer'], summary.get('base', {}).get('cer'))} vs base)")
+        delta = _delta(summary[final]["cer"], summary.get("base", {}).get("cer"))
+        print(f"final CER {summary[final]['cer']:.4f} ({final}; {delta} vs base)")
     return 0
 
 

@@ -39,7 +39,8 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     extra_info = extra_info or {}
     tokens = speech_token_strings(solution_str)
     if not tokens:
-        return {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1, "reward_failed": 0}
+        return {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1,
+                "reward_failed": 0}
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
     client = client_for(url=url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,

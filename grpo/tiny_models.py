@@ -225,7 +225,8 @@ def build_text_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> in
     tokenizer.save_pretrained(out_dir)
     # the real CosyVoice-BlankEN ships vocab.json + merges.txt; write them too
     (out_dir / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8")
-    (out_dir / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n", encoding="utf-8")
+    merges_txt = "#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n"
+    (out_dir / "merges.txt").write_text(merges_txt, encoding="utf-8")
     return len(tokenizer)
 
 
@@ -324,7 +325,8 @@ def build_sensevoice_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     )
     (out_dir / "bpe.model").write_bytes(model_bytes.getvalue())
     vocab_size = spm.SentencePieceProcessor(model_proto=model_bytes.getvalue()).get_piece_size()
-    yaml_text = SENSEVOICE_YAML.format(**{k: sizes[k] for k in ("output_size", "heads", "linear_units", "num_blocks", "tp_blocks")})
+    yaml_text = SENSEVOICE_YAML.format(**{k: sizes[k] for k in ("output_size", "heads", "linear_units",
+                                                                 "num_blocks", "tp_blocks")})
     (out_dir / "config.yaml").write_text(yaml_text, encoding="utf-8")
     write_am_mvn(out_dir / "am.mvn", 80 * 7)
     conf = OmegaConf.create(yaml_text)

@@ -15,7 +15,7 @@ import json
 import random
 
 from grpo.config import REPO_ROOT, load_config
-from reward_server.codebook import build_codebook
+from grpo.models import build_default_codebook
 from reward_server.scoring import text_to_units
 
 OUT = REPO_ROOT / "data" / "zero_shot_tiny.jsonl"
@@ -33,11 +33,7 @@ def main() -> None:
     items = [{"id": f"zs_tiny_{i:03d}", "prompt_text": prompts[i % len(prompts)]["text"], "text": t["text"],
               "language": "zh", "source_id": t["id"]} for i, t in enumerate(targets[:N_ITEMS])]
     write(items)                         # texts first: they are part of the codebook's unit inventory
-    sources = [(t, r.get("language", "zh")) for p in cfg.reward.codebook.sources if (REPO_ROOT / p).exists()
-               for r in map(json.loads, (REPO_ROOT / p).read_text(encoding="utf-8").splitlines())
-               for t in (r.get("text"), r.get("prompt_text")) if t]
-    codebook = build_codebook(sources, cfg.model.tiny.speech_token_size, cfg.reward.codebook.silence_fraction,
-                              cfg.reward.codebook.seed)
+    codebook = build_default_codebook(cfg)
     for item in items:
         item["prompt_speech_tokens"] = codebook.tokens_for_text(item["prompt_text"], "zh", rng, canonical_prob=1.0)
     write(items)

@@ -102,7 +102,8 @@ def build_overrides(cfg: DictConfig) -> list[str]:
     }
     overrides = [f"{k}={_value(val)}" for k, val in o.items()]
     # reward_kwargs is not in verl's schema: add it with '+'
-    overrides += [f"+reward.custom_reward_function.reward_kwargs.{k}={_value(val)}" for k, val in reward_kwargs(cfg).items()]
+    overrides += [f"+reward.custom_reward_function.reward_kwargs.{k}={_value(val)}"
+                  for k, val in reward_kwargs(cfg).items()]
     return overrides + list(v.extra_overrides)
 
 

@@ -37,7 +37,8 @@ def load_jsonl(path: str | Path) -> list[ZeroShotItem]:
             items.append(ZeroShotItem(id=str(row["id"]), prompt_text=row["prompt_text"], text=row["text"],
                                       language=row.get("language", "zh"),
                                       prompt_speech_tokens=row.get("prompt_speech_tokens"),
-                                      prompt_wav=str(path.parent / wav) if wav and not Path(wav).is_absolute() else wav))
+                                      prompt_wav=str(path.parent / wav) if wav and not Path(wav).is_absolute()
+                                      else wav))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{lineno}: bad zero-shot item ({exc})") from None
     return items

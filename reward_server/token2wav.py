@@ -182,7 +182,8 @@ def speakers_from_clips(model_dir: str | Path, clips: list[dict]) -> dict:
         features = frontend.frontend_zero_shot("", clip["text"], load_wav_16k(clip["wav"]), SAMPLE_RATE, "")
         features.pop("text", None)
         features.pop("text_len", None)
-        speakers[clip.get("id", f"speaker_{k}")] = {k2: v.cpu() if torch.is_tensor(v) else v for k2, v in features.items()}
+        speakers[clip.get("id", f"speaker_{k}")] = {name: v.cpu() if torch.is_tensor(v) else v
+                                                    for name, v in features.items()}
     return speakers
 
 

@@ -40,7 +40,7 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-from reward_server.launch import ServerProcess, free_port  # noqa: E402  (re-exported for the tests)
+from reward_server.launch import ServerProcess, free_port  # noqa: E402,F401  (re-exported for the tests)
 
 
 @pytest.fixture(scope="session")

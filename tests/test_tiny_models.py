@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-import pytest
 import torch
 
 from grpo.tiny_models import load_cosyvoice_yaml
