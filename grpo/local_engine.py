@@ -147,9 +147,12 @@ class LocalGRPOTrainer:
             "reward_failures": len(results) - len(ok), "no_speech": sum(s["no_speech"] for s in scored),
             "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1, "lr": self.sched.get_last_lr()[0],
         }
-        batch = build_batch([prompts[flat[k][0]] for k in ok], [flat[k][1] for k in ok],
-                            [results[k]["score"] for k in ok], [flat[k][0] for k in ok], self.tokenizer.pad_token_id)
-        batch, metrics["groups_filtered"] = filter_groups(batch) if t.filter_groups else (batch, 0)
+        batch, metrics["groups_filtered"] = None, 0
+        if ok:   # with reward.on_failure=exclude, failed samples are left out of the update
+            batch = build_batch([prompts[flat[k][0]] for k in ok], [flat[k][1] for k in ok],
+                                [results[k]["score"] for k in ok], [flat[k][0] for k in ok], self.tokenizer.pad_token_id)
+            if t.filter_groups:
+                batch, metrics["groups_filtered"] = filter_groups(batch)
         metrics.update(self._update(batch) if batch is not None else {"update_skipped": 1})
         metrics["time_update_s"] = time.perf_counter() - t2
         t3 = time.perf_counter()

@@ -39,6 +39,17 @@ def test_vllm_weights_follow_the_policy_after_an_update(tiny_cfg, synthetic_serv
     assert after == reference
     assert after != before, "the update changed nothing the greedy decoder can see (lr too small?)"
 
+    # a reward server that cannot answer: the step fails loudly, or (exclude) leaves the samples out
+    from conftest import free_port
+    from reward_server.client import RewardServerError
+
+    trainer.reward_kwargs = {**trainer.reward_kwargs, "url": f"http://127.0.0.1:{free_port()}", "retries": 0}
+    with pytest.raises(RewardServerError):
+        trainer.train_step(2)
+    trainer.reward_kwargs["on_failure"] = "exclude"
+    metrics = trainer.train_step(3)
+    assert metrics["reward_failures"] == 16 and metrics["update_skipped"] == 1
+
 
 def train_cmd(exp_dir, out_dir, port, *extra):
     return [sys.executable, "-m", "grpo", "train", f"exp_dir={exp_dir}", *FAST_TINY, f"train.out_dir={out_dir}",

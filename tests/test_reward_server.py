@@ -149,9 +149,12 @@ def test_killed_replica_recovers_through_client_retries(synthetic_server, codebo
     client = RewardClient(ClientConfig(synthetic_server.url, timeout_s=60, retries=10, backoff_s=0.5))
 
     async def run():
-        tasks = [asyncio.create_task(client.score_one(it)) for it in items]
-        await asyncio.sleep(0.2)
-        os.kill(old_pid, signal.SIGKILL)       # the replica dies with requests in flight
+        tasks = []
+        for wave in range(30):              # load spread over time, so that requests meet the dead replica
+            tasks += [asyncio.create_task(client.score_one(it)) for it in items[wave * 10:(wave + 1) * 10]]
+            if wave == 5:
+                os.kill(old_pid, signal.SIGKILL)
+            await asyncio.sleep(0.05)
         results = await asyncio.gather(*tasks)
         await client.aclose()
         return results
@@ -160,7 +163,7 @@ def test_killed_replica_recovers_through_client_retries(synthetic_server, codebo
     for it, res in zip(items, results):
         assert res["id"] == it["id"]
         assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
-    assert httpx.get(f"{synthetic_server.url}/health").json()["pid"] != old_pid
+    assert httpx.get(f"{synthetic_server.url}/health", timeout=120).json()["pid"] != old_pid
 
 
 def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
