@@ -116,20 +116,13 @@ class Evaluator:
         return build_asr(self.e.asr, model_dir, "cuda" if torch.cuda.is_available() else "cpu")
 
     def generate(self, model_dir: Path) -> list[list[int]]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        self.engine.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
-        params = [SamplingParams(n=1, temperature=self.e.temperature, top_p=self.e.top_p, top_k=self.e.top_k,
-                                 seed=request_seed(self.e.seed, 0, i),
-                                 min_tokens=int(self.e.min_token_text_ratio * n),
-                                 max_tokens=max(1, int(self.e.max_token_text_ratio * n)),
-                                 allowed_token_ids=self.vocab.allowed_token_ids(),
-                                 stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False)
+        self.engine.load_weights_from(model_dir)
+        params = [self.engine.speech_params(n=1, temperature=self.e.temperature, top_p=self.e.top_p, top_k=self.e.top_k,
+                                            seed=request_seed(self.e.seed, 0, i),
+                                            min_tokens=int(self.e.min_token_text_ratio * n),
+                                            max_tokens=max(1, int(self.e.max_token_text_ratio * n)))
                   for i, n in enumerate(self.text_lens)]
-        outs = self.engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in self.prompts], params,
-                                        use_tqdm=False)
-        return [self.vocab.to_speech_tokens(o.outputs[0].token_ids) for o in outs]
+        return [self.vocab.to_speech_tokens(group[0]) for group in self.engine.run(self.prompts, params)]
 
     def evaluate(self, name: str, model_dir: Path) -> list[Scored]:
         import soundfile as sf

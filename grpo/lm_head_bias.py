@@ -40,7 +40,7 @@ def _allowed_rows(vocab: SpeechVocab) -> torch.Tensor:
 
 
 @torch.no_grad()
-def calibration_batch(model, tokenizer, vocab: SpeechVocab, decoder_w, bias, texts, n, seed):
+def calibration_batch(model, tokenizer, vocab: SpeechVocab, bias, texts, n, seed):
     """Prompts from `texts` continued with speech tokens sampled from CosyVoice's own head (with bias)."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -123,7 +123,7 @@ def apply(hf_dir: Path, vocab: SpeechVocab, extra: dict, tokenizer, bias_mode: s
     b = extra["decoder_bias"].float() if extra["decoder_bias"] is not None else None
     T, rows = vocab.speech_token_offset, vocab.num_speech_rows
     allowed = _allowed_rows(vocab)
-    sequences = calibration_batch(model, tokenizer, vocab, W, b, texts, max(n, 2), seed)
+    sequences = calibration_batch(model, tokenizer, vocab, b, texts, max(n, 2), seed)
     hs = hidden_states(model, sequences)
     fit_h, test_h = torch.cat(hs[0::2]), torch.cat(hs[1::2])
     zero = torch.zeros(rows)
@@ -151,8 +151,7 @@ def apply(hf_dir: Path, vocab: SpeechVocab, extra: dict, tokenizer, bias_mode: s
     report["non_speech_probability_mass"] = mass_before = non_speech_mass(model, sequences, vocab)
     suppress = fit_residual < SUPPRESS_MAX_RESIDUAL
     if suppress:
-        never_sampled = torch.ones(vocab.vocab_size, dtype=torch.bool)
-        never_sampled[torch.tensor(vocab.allowed_token_ids())] = False
+        never_sampled = ~vocab.allowed_mask()
         with torch.no_grad():
             model.lm_head.weight[never_sampled] = (-SUPPRESS_MARGIN * v).to(model.lm_head.weight.dtype)
         report["non_speech_probability_mass"] = non_speech_mass(model, sequences, vocab)

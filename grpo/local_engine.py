@@ -88,8 +88,7 @@ class LocalGRPOTrainer:
         if t.logprob_normalization not in ("allowed", "full"):
             raise ValueError(f"train.logprob_normalization must be allowed or full, got {t.logprob_normalization!r}")
         self.restrict = t.logprob_normalization == "allowed"
-        self.allowed = torch.zeros(self.vocab.vocab_size, dtype=torch.bool)
-        self.allowed[torch.tensor(self.vocab.allowed_token_ids())] = True
+        self.allowed = self.vocab.allowed_mask()
         self.reward_kwargs = reward_kwargs(cfg)
         self.loop = asyncio.new_event_loop()
         self.logger = MetricsLogger(self.out_dir, list(t.logger), t.project_name, t.experiment_name,
@@ -150,7 +149,8 @@ class LocalGRPOTrainer:
         batch, metrics["groups_filtered"] = None, 0
         if ok:   # with reward.on_failure=exclude, failed samples are left out of the update
             batch = build_batch([prompts[flat[k][0]] for k in ok], [flat[k][1] for k in ok],
-                                [results[k]["score"] for k in ok], [flat[k][0] for k in ok], self.tokenizer.pad_token_id)
+                                [results[k]["score"] for k in ok], [flat[k][0] for k in ok],
+                                self.tokenizer.pad_token_id)
             if t.filter_groups:
                 batch, metrics["groups_filtered"] = filter_groups(batch)
         metrics.update(self._update(batch) if batch is not None else {"update_skipped": 1})

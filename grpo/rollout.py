@@ -47,21 +47,32 @@ class VLLMRollout:
         self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=enforce_eager, dtype=dtype,
                        max_model_len=max_model_len, seed=seed, enable_prefix_caching=False, **memory)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
+    def speech_params(self, **kwargs):
+        """vLLM SamplingParams restricted to speech tokens, stopping on the end-of-speech ids."""
         from vllm import SamplingParams
+
+        return SamplingParams(allowed_token_ids=self.vocab.allowed_token_ids(),
+                              stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False, **kwargs)
+
+    def run(self, prompts: list[list[int]], params: list) -> list[list[list[int]]]:
+        """Token ids of every sample of every prompt (one SamplingParams per prompt)."""
         from vllm.inputs import TokensPrompt
 
-        params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 top_k=sampling.top_k, max_tokens=sampling.max_tokens, seed=seed,
-                                 allowed_token_ids=self.vocab.allowed_token_ids(),
-                                 stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False)
-                  for seed in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [[list(c.token_ids) for c in out.outputs] for out in outputs]
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
+        return self.run(prompts, [self.speech_params(n=sampling.n, temperature=sampling.temperature,
+                                                     top_p=sampling.top_p, top_k=sampling.top_k,
+                                                     max_tokens=sampling.max_tokens, seed=seed) for seed in seeds])
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load the policy's current weights into the engine (in-process, by reference)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(model.state_dict().items())})
+
+    def load_weights_from(self, model_dir) -> None:
+        """Swap in another checkpoint of the same architecture (read from disk) without a restart."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
 
 
 class TransformersRollout:
@@ -71,9 +82,7 @@ class TransformersRollout:
 
     def __init__(self, model: torch.nn.Module, vocab: SpeechVocab, pad_token_id: int):
         self.model, self.vocab, self.pad_token_id = model, vocab, pad_token_id
-        mask = torch.full((vocab.vocab_size,), float("-inf"))
-        mask[torch.tensor(vocab.allowed_token_ids())] = 0.0
-        self.mask = mask
+        self.mask = torch.zeros(vocab.vocab_size).masked_fill(~vocab.allowed_mask(), float("-inf"))
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:

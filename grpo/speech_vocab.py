@@ -57,6 +57,14 @@ class SpeechVocab:
         first = self.speech_token_offset
         return list(range(first, first + self.speech_token_size)) + list(self.stop_token_ids)
 
+    def allowed_mask(self):
+        """Boolean tensor over the vocabulary: True for the ids rollouts may sample."""
+        import torch
+
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[torch.tensor(self.allowed_token_ids())] = True
+        return mask
+
     def is_speech_id(self, token_id: int) -> bool:
         return 0 <= token_id - self.speech_token_offset < self.speech_token_size
 

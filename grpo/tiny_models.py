@@ -186,18 +186,6 @@ frontend_conf:
 """
 
 
-def read_texts(paths: Iterable[str | Path], keys: tuple[str, ...] = ("text", "prompt_text")) -> list[str]:
-    """All text fields of JSONL files (used to train the tiny tokenizers and the codebook)."""
-    texts = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    row = json.loads(line)
-                    texts.extend(row[k] for k in keys if isinstance(row.get(k), str))
-    return texts
-
-
 def _split_han(text: str) -> str:
     """Newlines between CJK characters: BPE merges then never cross a character (one token per character)."""
     return "".join(ch + "\n" if "\u3400" <= ch <= "\u9fff" else ch for ch in text)

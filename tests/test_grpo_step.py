@@ -46,8 +46,7 @@ def test_one_update_moves_probability_towards_the_better_sample(tiny_policy, res
     prompt = tok.apply_chat_template([{"role": "user", "content": "今天天气很好"}], tokenize=True, return_dict=False)
     good, bad = vocab.to_hf_ids([10, 20, 30]) + [vocab.stop_token_ids[0]], vocab.to_hf_ids([40, 50])
     batch = build_batch([prompt, prompt], [good, bad], [1.0, 0.0], [0, 0], tok.pad_token_id)
-    allowed = torch.zeros(vocab.vocab_size, dtype=torch.bool)
-    allowed[torch.tensor(vocab.allowed_token_ids())] = True
+    allowed = vocab.allowed_mask()
 
     def seq_logp():
         with torch.no_grad():
@@ -69,8 +68,7 @@ def test_one_update_moves_probability_towards_the_better_sample(tiny_policy, res
 
 def test_restricted_log_probs_sum_to_one_over_allowed_ids(tiny_policy):
     model, tok, vocab, _ = tiny_policy
-    allowed = torch.zeros(vocab.vocab_size, dtype=torch.bool)
-    allowed[torch.tensor(vocab.allowed_token_ids())] = True
+    allowed = vocab.allowed_mask()
     prompt = tok.apply_chat_template([{"role": "user", "content": "你好"}], tokenize=True, return_dict=False)
     batch = build_batch([prompt], [vocab.to_hf_ids([1, 2])], [0.0], [0], tok.pad_token_id)
     from grpo.grpo_step import MASKED_LOGIT, response_logits
