@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # cosyvoice-grpo recipe. Stages (logic lives in Python: `python -m grpo <stage> ...`):
-#   -1 models    build tiny models / download CosyVoice2 + SenseVoice, convert the LLM to Hugging Face
-#    0 data      JSONL -> verl parquet
-#    1 serve     reward server (Ray Serve); foreground when run alone, background inside a longer range
-#    2 train     GRPO (local engine or verl)
-#    3 merge     checkpoints -> Hugging Face
-#    4 evaluate  zero-shot CER report
-#    5 export    Hugging Face -> CosyVoice llm.pt
+#   -1 models    grpo/model/prepare.py        build tiny models / download CosyVoice2 + SenseVoice, convert the LLM to HF
+#    0 data      grpo/data.py                 JSONL -> verl parquet
+#    1 serve     reward_server/serve.py       reward server (Ray Serve); foreground alone, background inside a range
+#    2 train     grpo/train/launch.py         GRPO (local engine or verl)
+#    3 merge     grpo/train/merge.py          checkpoints -> Hugging Face
+#    4 evaluate  grpo/evaluate/evaluator.py   zero-shot CER report
+#    5 export    grpo/model/export.py         Hugging Face -> CosyVoice llm.pt
 #
 # Usage:
 #   bash run.sh                          the whole pipeline on the tiny profile (sets up .venv if missing)
@@ -38,7 +38,7 @@ case "${1:-}" in
     ensure_venv
     # slow tests are opt-in: bash run.sh test -m slow (pytest exits non-zero when nothing is collected)
     exec "$PY" -m pytest -m "not slow" "$@" ;;
-  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 esac
 
 start=${1:--1}
@@ -93,5 +93,5 @@ stop_server
 server_pid=""
 log "stages $start..$stop done in $((SECONDS - t_start)) s"
 if [ "$stop" -ge 4 ] && [ "$start" -le 4 ]; then
-  "$PY" -m grpo.report summary "${overrides[@]}"
+  "$PY" -m grpo.evaluate.report summary "${overrides[@]}"
 fi

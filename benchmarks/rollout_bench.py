@@ -15,8 +15,8 @@ import time
 import torch
 
 from grpo.config import load_config
-from grpo.rollout import SamplingConfig, TransformersRollout, VLLMRollout
-from grpo.speech_vocab import SpeechVocab
+from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
+from grpo.model.speech_vocab import SpeechVocab
 
 
 def tokens_per_s(engine, prompts, sampling, seed) -> float:

@@ -10,13 +10,13 @@ from grpo.config import load_config, setup_logging
 
 # stage name -> module with `run(cfg)`
 STAGES = {
-    "models": "grpo.models",          # -1: build tiny models or download real ones, convert to HF
-    "data": "grpo.data",              # 0: JSONL -> verl parquet
-    "serve": "reward_server.serve",   # 1: reward server (foreground)
-    "train": "grpo.train",            # 2: GRPO (local engine or verl)
-    "merge": "grpo.merge",            # 3: checkpoints -> HF
-    "evaluate": "grpo.evaluate",      # 4: zero-shot CER report
-    "export": "grpo.export",          # 5: HF -> CosyVoice llm.pt
+    "models": "grpo.model.prepare",             # -1: build tiny models or download real ones, convert to HF
+    "data": "grpo.data",                        # 0: JSONL -> verl parquet
+    "serve": "reward_server.serve",             # 1: reward server (foreground)
+    "train": "grpo.train.launch",               # 2: GRPO (local engine or verl)
+    "merge": "grpo.train.merge",                # 3: checkpoints -> HF
+    "evaluate": "grpo.evaluate.evaluator",      # 4: zero-shot CER report
+    "export": "grpo.model.export",              # 5: HF -> CosyVoice llm.pt
 }
 
 USAGE = "usage: python -m grpo {" + ",".join(STAGES) + "} [key=value ...]"

@@ -1,4 +1,4 @@
-"""Async client for the reward server, used by training (grpo.reward_fn).
+"""Async client for the reward server, used by training (grpo.train.reward_fn).
 
 verl calls the reward function once per response, concurrently. `score_one` gathers the calls made
 within `batch_wait_s` into one POST (up to `max_items_per_request` items), so a step's responses reach

@@ -28,7 +28,7 @@ class Token2Wav:
     """flow.pt + hift.pt + cosyvoice2.yaml from a CosyVoice2 model directory."""
 
     def __init__(self, model_dir: str | Path, device: str = "cpu"):
-        from grpo.tiny_models import load_cosyvoice_yaml
+        from grpo.model.tiny import load_cosyvoice_yaml
 
         model_dir = Path(model_dir)
         configs = load_cosyvoice_yaml(model_dir, skip=["llm"])
@@ -163,7 +163,7 @@ def cosyvoice_frontend(model_dir: str | Path):
     """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips."""
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
 
-    from grpo.tiny_models import load_cosyvoice_yaml
+    from grpo.model.tiny import load_cosyvoice_yaml
 
     model_dir = Path(model_dir)
     configs = load_cosyvoice_yaml(model_dir, skip=["llm", "flow", "hift"])

@@ -18,7 +18,8 @@ FAST_TINY = ["model.tiny.warm_start.steps=40"]
 @pytest.fixture(scope="session")
 def tiny_exp(tmp_path_factory) -> Path:
     """exp_dir with stages -1 and 0 of the tiny profile done (models, codebook, speakers, HF conversion, data)."""
-    from grpo import data, models
+    from grpo import data
+    from grpo.model import prepare as models
 
     exp = tmp_path_factory.mktemp("exp_tiny")
     cfg = load_config([f"exp_dir={exp}", *FAST_TINY])

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo.convert import cosyvoice_to_hf, hf_to_cosyvoice, hf_to_cosyvoice_state
-from grpo.lm_head_bias import CALIBRATION_FILE
-from grpo.speech_vocab import SpeechVocab, speech_token_strings
-from grpo.tiny_models import load_cosyvoice_yaml
+from grpo.model.convert import cosyvoice_to_hf, hf_to_cosyvoice, hf_to_cosyvoice_state
+from grpo.model.lm_head_bias import CALIBRATION_FILE
+from grpo.model.speech_vocab import SpeechVocab, speech_token_strings
+from grpo.model.tiny import load_cosyvoice_yaml
 
 
 def cosyvoice_llm(model_dir):
@@ -188,7 +188,7 @@ def test_cosyvoice3_layout_converts_exactly_and_round_trips(tiny_cfg, tmp_path):
 def test_vllm_serves_converted_model(tiny_cfg):
     from transformers import Qwen2ForCausalLM
 
-    from grpo.rollout import SamplingConfig, TransformersRollout, VLLMRollout
+    from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
 
     cfg = tiny_cfg()
     vocab = SpeechVocab.load(cfg.model.hf_dir)

@@ -6,9 +6,9 @@ import torch
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 from verl.trainer.ppo import core_algos
 
-from grpo.grpo_step import actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss
-from grpo.rollout import SamplingConfig, TransformersRollout
-from grpo.speech_vocab import SpeechVocab
+from grpo.train.grpo_step import actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss
+from grpo.train.rollout import SamplingConfig, TransformersRollout
+from grpo.model.speech_vocab import SpeechVocab
 
 
 def test_batch_layout_and_advantages_match_verl():
@@ -71,7 +71,7 @@ def test_restricted_log_probs_sum_to_one_over_allowed_ids(tiny_policy):
     allowed = vocab.allowed_mask()
     prompt = tok.apply_chat_template([{"role": "user", "content": "你好"}], tokenize=True, return_dict=False)
     batch = build_batch([prompt], [vocab.to_hf_ids([1, 2])], [0.0], [0], tok.pad_token_id)
-    from grpo.grpo_step import MASKED_LOGIT, response_logits
+    from grpo.train.grpo_step import MASKED_LOGIT, response_logits
 
     with torch.no_grad():
         logits = response_logits(model, batch).masked_fill(~allowed, MASKED_LOGIT)
@@ -88,7 +88,7 @@ def test_restricted_log_probs_sum_to_one_over_allowed_ids(tiny_policy):
 def test_rollouts_are_speech_only_and_reproducible_per_seed(tiny_policy, backend):
     model, tok, vocab, cfg = tiny_policy
     if backend == "vllm":
-        from grpo.rollout import VLLMRollout
+        from grpo.train.rollout import VLLMRollout
 
         engine = VLLMRollout(cfg.model.hf_dir, vocab, max_model_len=256)
     else:

@@ -22,8 +22,8 @@ SMALL = ["train.batch_size=4", "train.n=4", "train.max_response_tokens=48", "tra
 def test_vllm_weights_follow_the_policy_after_an_update(tiny_cfg, synthetic_server, tmp_path):
     from transformers import AutoTokenizer
 
-    from grpo.local_engine import LocalGRPOTrainer
-    from grpo.rollout import SamplingConfig, TransformersRollout
+    from grpo.train.local_engine import LocalGRPOTrainer
+    from grpo.train.rollout import SamplingConfig, TransformersRollout
 
     cfg = tiny_cfg(f"reward.port={synthetic_server.port}", f"train.out_dir={tmp_path}", "train.lr=5e-3", *SMALL)
     trainer = LocalGRPOTrainer(cfg)
@@ -87,7 +87,8 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tiny_exp, synthet
 @pytest.fixture(scope="module")
 def warm_exp(tmp_path_factory):
     """A tiny model with the default warm start (like `bash run.sh`), so GRPO starts from a mediocre model."""
-    from grpo import data, models
+    from grpo import data
+    from grpo.model import prepare as models
     from grpo.config import load_config
 
     exp = tmp_path_factory.mktemp("exp_warm")
@@ -99,7 +100,7 @@ def warm_exp(tmp_path_factory):
 
 def test_short_run_learns(warm_exp, synthetic_server, tmp_path):
     from grpo.config import load_config
-    from grpo.local_engine import LocalGRPOTrainer
+    from grpo.train.local_engine import LocalGRPOTrainer
 
     cfg = load_config([f"exp_dir={warm_exp}", f"reward.port={synthetic_server.port}", f"train.out_dir={tmp_path}",
                        "train.total_steps=36", "train.save_freq=100", "train.logger=[console]"])

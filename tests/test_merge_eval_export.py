@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from conftest import free_port
-from grpo import evaluate, export, merge
-from grpo.cer import corpus_error_rate, mean_error_rate, utterance_error_rate
-from grpo.report import read_tsv
+from grpo.evaluate import evaluator as evaluate
+from grpo.model import export
+from grpo.train import merge
+from grpo.evaluate.cer import corpus_error_rate, mean_error_rate, utterance_error_rate
+from grpo.evaluate.report import read_tsv
 
 
 def test_seedtts_protocol_hand_checked():
@@ -84,8 +86,8 @@ def test_zero_shot_input_is_cosyvoice2s(tiny_cfg):
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
     from transformers import AutoTokenizer
 
-    from grpo.speech_vocab import SpeechVocab
-    from grpo.zero_shot import ZeroShotItem
+    from grpo.model.speech_vocab import SpeechVocab
+    from grpo.evaluate.test_sets import ZeroShotItem
 
     cfg = tiny_cfg()
     tok = AutoTokenizer.from_pretrained(cfg.model.hf_dir)
@@ -133,7 +135,7 @@ def speaker_onnx(tmp_path_factory):
 def test_speaker_similarity(speaker_onnx):
     import numpy as np
 
-    from grpo.speaker_sim import SpeakerSimilarity
+    from grpo.evaluate.speaker_similarity import SpeakerSimilarity
 
     sim = SpeakerSimilarity(speaker_onnx)
     rng = np.random.default_rng(0)

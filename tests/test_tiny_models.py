@@ -5,7 +5,7 @@ import json
 import numpy as np
 import torch
 
-from grpo.tiny_models import load_cosyvoice_yaml
+from grpo.model.tiny import load_cosyvoice_yaml
 
 
 def test_layout(tiny_cfg):
@@ -63,7 +63,7 @@ def test_tiny_sensevoice_loads_with_funasr_automodel(tiny_cfg):
 
 
 def test_rebuild_is_skipped_when_up_to_date(tiny_cfg, caplog):
-    from grpo.models import build_tiny
+    from grpo.model.prepare import build_tiny
 
     before = open(f"{tiny_cfg().model.cosyvoice_dir}/llm.pt", "rb").read()
     with caplog.at_level("INFO"):

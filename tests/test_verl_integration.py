@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpo import verl_launcher
-from grpo.speech_vocab import SpeechVocab, format_speech_tokens
+from grpo.train import verl_launcher
+from grpo.model.speech_vocab import SpeechVocab, format_speech_tokens
 from reward_server.codebook import Codebook
 from reward_server.scoring import reward_from_error_rate, text_to_units, units_error_rate
 
@@ -29,7 +29,7 @@ def test_overrides_compose_in_verls_own_config(tiny_cfg):
     assert a.model.path == cfg.model.hf_dir and job.trainer.n_gpus_per_node == 4
     assert job.trainer.resume_mode == "auto"
     rf = job.reward.custom_reward_function
-    assert rf.path.endswith("grpo/reward_fn.py") and rf.name == "compute_score"
+    assert rf.path.endswith("grpo/train/reward_fn.py") and rf.name == "compute_score"
     assert rf.reward_kwargs.url == cfg.reward.url and rf.reward_kwargs.auth_token == "tok"
 
 
@@ -89,7 +89,7 @@ def test_reward_function_through_verls_reward_manager(tiny_cfg, synthetic_server
 
 
 def test_no_speech_and_server_failure_are_never_a_silent_zero():
-    from grpo.reward_fn import compute_score
+    from grpo.train.reward_fn import compute_score
     from reward_server.client import RewardServerError
     from conftest import free_port
 
@@ -109,19 +109,19 @@ def test_agent_loop_passes_allowed_token_ids_to_vllm(tiny_cfg, tmp_path):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.workers.rollout.replica import TokenOutput
 
-    from grpo.agent_loop import SpeechTokenAgentLoop, speech_sampling_params
+    from grpo.train.verl_agent_loop import SpeechTokenAgentLoop, speech_sampling_params
 
     cfg = tiny_cfg()
     vocab = SpeechVocab.load(cfg.model.hf_dir)
     config = verl_config(verl_launcher.build_overrides(cfg))
     agent_yaml = tmp_path / "agents.yaml"
-    from grpo.agent_loop import agent_loop_yaml
+    from grpo.train.verl_agent_loop import agent_loop_yaml
 
     agent_yaml.write_text(agent_loop_yaml())
     from omegaconf import OmegaConf
 
     registry = {c.name: c for c in OmegaConf.load(agent_yaml)}
-    assert registry["speech_token_agent"]._target_ == "grpo.agent_loop.SpeechTokenAgentLoop"
+    assert registry["speech_token_agent"]._target_ == "grpo.train.verl_agent_loop.SpeechTokenAgentLoop"
 
     class RecordingServer:
         def __init__(self):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from grpo.zero_shot import load_set
+from grpo.evaluate.test_sets import load_set
 
 
 def test_cv3_eval_layout(tmp_path):

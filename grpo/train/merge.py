@@ -18,9 +18,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo.checkpoint import CARRIED_FILES
+from grpo.train.local_checkpoint import CARRIED_FILES
 from grpo.config import REPO_ROOT
-from grpo.speech_vocab import CHAT_TEMPLATE, SpeechVocab
+from grpo.model.speech_vocab import CHAT_TEMPLATE, SpeechVocab
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def verl_steps(cfg: DictConfig) -> dict[int, Path]:
 
 
 def run(cfg: DictConfig) -> int:
-    from grpo.checkpoints import trained_checkpoints
+    from grpo.checkpoint_selection import trained_checkpoints
 
     base = Path(cfg.model.hf_dir)
     steps = verl_steps(cfg)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.speech_vocab import SpeechVocab
+from grpo.model.speech_vocab import SpeechVocab
 
 # in-process engine: starts in ~2 s instead of ~15 s, and weights can be synced by reference
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

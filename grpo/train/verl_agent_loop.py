@@ -13,7 +13,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from grpo.speech_vocab import SpeechVocab
+from grpo.model.speech_vocab import SpeechVocab
 
 AGENT_NAME = "speech_token_agent"
 

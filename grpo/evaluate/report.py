@@ -13,7 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-from grpo.cer import mean_error_rate
+from grpo.evaluate.cer import mean_error_rate
 
 TSV_HEADER = ["id", "reference", "transcript", "error_rate"]
 
@@ -122,7 +122,7 @@ def main(argv: list[str]) -> int:
 
     from grpo.config import load_config
 
-    parser = argparse.ArgumentParser(prog="python -m grpo.report")
+    parser = argparse.ArgumentParser(prog="python -m grpo.evaluate.report")
     parser.add_argument("action", choices=["summary", "check"])
     parser.add_argument("--max-ratio", type=float, default=1.0, help="check: final CER must be below this x base")
     args, overrides = parser.parse_known_args(argv)

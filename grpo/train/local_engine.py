@@ -20,12 +20,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from grpo import checkpoint
-from grpo.grpo_step import actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss
-from grpo.reward_fn import compute_score, reward_kwargs
-from grpo.rollout import SamplingConfig, TransformersRollout, VLLMRollout
-from grpo.speech_vocab import SpeechVocab
-from grpo.train_log import MetricsLogger, plot_curves
+from grpo.train import local_checkpoint as checkpoint
+from grpo.train.grpo_step import actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss
+from grpo.train.reward_fn import compute_score, reward_kwargs
+from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
+from grpo.model.speech_vocab import SpeechVocab
+from grpo.train.metrics_log import MetricsLogger, plot_curves
 
 log = logging.getLogger(__name__)
 

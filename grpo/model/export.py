@@ -1,6 +1,6 @@
 """Stage 5: HF checkpoints -> CosyVoice model directories the official CosyVoice code loads.
 
-`export.out_dir/<checkpoint>/` gets the new `llm.pt` (grpo.convert.hf_to_cosyvoice) and every other file
+`export.out_dir/<checkpoint>/` gets the new `llm.pt` (grpo.model.convert.hf_to_cosyvoice) and every other file
 of the original CosyVoice model directory (symlinked, or copied with `export.copy=true`). The new
 llm.pt is checked by loading it with `strict=True` into CosyVoice's own Qwen2LM built from the yaml.
 """
@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from grpo.checkpoints import select_checkpoints
-from grpo.convert import hf_to_cosyvoice
+from grpo.checkpoint_selection import select_checkpoints
+from grpo.model.convert import hf_to_cosyvoice
 
 log = logging.getLogger(__name__)
 
 
 def check_loads(model_dir: Path) -> None:
-    from grpo.tiny_models import load_cosyvoice_yaml
+    from grpo.model.tiny import load_cosyvoice_yaml
 
     llm = load_cosyvoice_yaml(model_dir, skip=["flow", "hift"])["llm"]
     llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)

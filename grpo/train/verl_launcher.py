@@ -16,9 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo.agent_loop import AGENT_NAME, agent_loop_yaml
+from grpo.train.verl_agent_loop import AGENT_NAME, agent_loop_yaml
 from grpo.config import REPO_ROOT
-from grpo.reward_fn import reward_kwargs
+from grpo.train.reward_fn import reward_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def build_overrides(cfg: DictConfig) -> list[str]:
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(agent_yaml),
-        "reward.custom_reward_function.path": str(REPO_ROOT / "grpo" / "reward_fn.py"),
+        "reward.custom_reward_function.path": str(REPO_ROOT / "grpo" / "train" / "reward_fn.py"),
         "reward.custom_reward_function.name": "compute_score",
         "trainer.total_training_steps": t.total_steps,
         "trainer.save_freq": t.save_freq,

@@ -1,9 +1,9 @@
 """Stage -1: the models every later stage needs, then the LLM converted to Hugging Face.
 
-- profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.tiny_models),
+- profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.model.tiny),
   the synthetic codebook, seeded prompt speakers, and warm-start the LLM on codebook targets.
 - profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B and SenseVoiceSmall.
-Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.convert), with the bias report beside it.
+Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.model.convert), with the bias report beside it.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def _stamp(cfg: DictConfig) -> str:
 
 
 def build_tiny(cfg: DictConfig) -> None:
-    from grpo import tiny_models
-    from grpo.warm_start import warm_start
+    from grpo.model import tiny as tiny_models
+    from grpo.model.warm_start import warm_start
     from reward_server.token2wav import tiny_speakers
 
     cv_dir, sv_dir = resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.sensevoice_dir)
@@ -98,7 +98,7 @@ def download(cfg: DictConfig) -> None:
 
 
 def convert(cfg: DictConfig) -> dict:
-    from grpo.convert import cosyvoice_to_hf
+    from grpo.model.convert import cosyvoice_to_hf
 
     texts = [r["text"] for r in _read_rows([cfg.data.train_file])]
     return cosyvoice_to_hf(resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.hf_dir),

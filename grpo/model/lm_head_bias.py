@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from grpo.speech_vocab import SpeechVocab
+from grpo.model.speech_vocab import SpeechVocab
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from grpo.speech_vocab import speech_token_strings
+from grpo.model.speech_vocab import speech_token_strings
 from reward_server.client import ClientConfig, RewardClient, RewardServerError
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ memorises sentences rather than learning to read unseen text, and cannot continu
 the tiny profile evaluates these targets with CosyVoice's cross-lingual input (`eval.llm_prompt=false`:
 the prompt conditions token2wav only). See README, "What the tiny profile shows".
 
-    python -m grpo.tiny_zero_shot            # rewrites data/zero_shot_tiny.jsonl
+    python -m grpo.evaluate.tiny_zero_shot            # rewrites data/zero_shot_tiny.jsonl
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import random
 
 from grpo.config import REPO_ROOT, load_config
-from grpo.models import build_default_codebook
+from grpo.model.prepare import build_default_codebook
 from reward_server.scoring import text_to_units
 
 OUT = REPO_ROOT / "data" / "zero_shot_tiny.jsonl"

@@ -3,7 +3,7 @@
 Per checkpoint: vLLM generates speech tokens for every item (CosyVoice2's zero-shot input: prompt text
 + target text, then the prompt's speech tokens as the assistant prefix; speech tokens only, seeded),
 CosyVoice's token2wav renders them with the item's own prompt speaker, the configured ASR transcribes,
-and the Seed-TTS-eval protocol scores (grpo.cer). Reports go to `eval.out_dir` (grpo.report).
+and the Seed-TTS-eval protocol scores (grpo.evaluate.cer). Reports go to `eval.out_dir` (grpo.evaluate.report).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from grpo import cer, report
-from grpo.checkpoints import select_checkpoints
-from grpo.local_engine import request_seed
-from grpo.speech_vocab import SpeechVocab
-from grpo.zero_shot import ZeroShotItem, load_set
+from grpo.evaluate import cer, report
+from grpo.checkpoint_selection import select_checkpoints
+from grpo.train.local_engine import request_seed
+from grpo.model.speech_vocab import SpeechVocab
+from grpo.evaluate.test_sets import ZeroShotItem, load_set
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Evaluator:
     def __init__(self, cfg: DictConfig, items: list[ZeroShotItem]):
         from transformers import AutoTokenizer
 
-        from grpo.rollout import VLLMRollout
+        from grpo.train.rollout import VLLMRollout
 
         self.cfg, self.e, self.items = cfg, cfg.eval, items
         base = Path(cfg.model.hf_dir)
@@ -97,7 +97,7 @@ class Evaluator:
         self.asr = self._asr()
         self.sim = None
         if self.e.speaker_model:
-            from grpo.speaker_sim import SpeakerSimilarity
+            from grpo.evaluate.speaker_similarity import SpeakerSimilarity
             from reward_server.token2wav import load_wav_16k
 
             self.sim = SpeakerSimilarity(self.e.speaker_model)

@@ -3,7 +3,7 @@
 cosyvoice -> hf: the Qwen2 body as is; input embeddings = text rows + speech_embedding rows (+ the two
 llm_embedding rows, sos and task_id, for CosyVoice2); lm_head rows of the speech tokens and control
 ids = llm_decoder. Qwen2 has no lm_head bias, so a nonzero llm_decoder bias is handled knowingly in
-`grpo.lm_head_bias` (measured, dropped or folded, reported). What HF cannot hold (the unused padding
+`grpo.model.lm_head_bias` (measured, dropped or folded, reported). What HF cannot hold (the unused padding
 rows of CosyVoice's text embedding, the original head) goes to `cosyvoice_extra.pt` so that
 hf -> cosyvoice restores an untouched model bit for bit.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.speech_vocab import SpeechVocab, build_hf_tokenizer
+from grpo.model.speech_vocab import SpeechVocab, build_hf_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, out_dir: str | Path, bias_mode: s
                     calibration_texts: list[str] | None = None, calibration_samples: int = 64,
                     seed: int = 0) -> dict:
     """Convert a CosyVoice2/3 model directory's LLM to an HF directory; returns the conversion report."""
-    from grpo import lm_head_bias
+    from grpo.model import lm_head_bias
 
     cosyvoice_dir, out_dir = Path(cosyvoice_dir), Path(out_dir)
     blank_dir = cosyvoice_dir / "CosyVoice-BlankEN"

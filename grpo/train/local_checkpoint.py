@@ -1,5 +1,5 @@
 """Local-engine checkpoints: `checkpoints/step_N/` = an HF model directory (loadable by transformers,
-vLLM and `grpo.convert`) + `trainer_state.pt` (optimizer, scheduler, RNG states, data position).
+vLLM and `grpo.model.convert`) + `trainer_state.pt` (optimizer, scheduler, RNG states, data position).
 
 A checkpoint is written to `step_N.tmp/` and renamed when complete, so a killed run never leaves a
 half-written `step_N/`; resuming picks the highest complete step.
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo.convert import EXTRA_FILE
-from grpo.speech_vocab import SPEECH_TOKENS_FILE
+from grpo.model.convert import EXTRA_FILE
+from grpo.model.speech_vocab import SPEECH_TOKENS_FILE
 
 STATE_FILE = "trainer_state.pt"
 STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -7,12 +7,12 @@ from omegaconf import DictConfig
 
 def run(cfg: DictConfig) -> int:
     if cfg.train.engine == "local":
-        from grpo.local_engine import LocalGRPOTrainer
+        from grpo.train.local_engine import LocalGRPOTrainer
 
         LocalGRPOTrainer(cfg).fit()
         return 0
     if cfg.train.engine == "verl":
-        from grpo import verl_launcher
+        from grpo.train import verl_launcher
 
         return verl_launcher.run(cfg)
     raise ValueError(f"train.engine must be local or verl, got {cfg.train.engine!r}")

@@ -94,7 +94,7 @@ class SpeechVocab:
     def load(cls, model_dir: str | Path) -> "SpeechVocab":
         path = Path(model_dir, SPEECH_TOKENS_FILE)
         if not path.exists():
-            raise FileNotFoundError(f"{path} not found: is {model_dir} a model converted by `grpo.convert`?")
+            raise FileNotFoundError(f"{path} not found: is {model_dir} a model converted by `grpo.model.convert`?")
         data = json.loads(path.read_text(encoding="utf-8"))
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in names})
