@@ -36,8 +36,13 @@ case "${1:-}" in
   test)
     shift
     ensure_venv
-    # slow tests are opt-in: bash run.sh test -m slow (pytest exits non-zero when nothing is collected)
-    exec "$PY" -m pytest -m "not slow" "$@" ;;
+    # slow tests are opt-in: the default marker is "not slow"; a -m of the caller's replaces it
+    # (bash run.sh test -m slow; -m "" for everything)
+    marker=(-m "not slow")
+    for arg in "$@"; do
+      case "$arg" in -m|-m*|--markexpr|--markexpr=*) marker=() ;; esac
+    done
+    exec "$PY" -m pytest ${marker[@]+"${marker[@]}"} "$@" ;;
   -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 esac
 
@@ -58,6 +63,12 @@ stop_server() {
   if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
     log "stopping the reward server (pid $server_pid)"
     kill -INT "$server_pid" 2>/dev/null || true
+    # Serve and Ray shut down within seconds; a server still starting up may not handle SIGINT yet
+    for _ in $(seq 600); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$server_pid" 2>/dev/null; then
+      log "the reward server did not stop within 60 s of SIGINT: killing it"
+      kill -KILL "$server_pid" 2>/dev/null || true
+    fi
     wait "$server_pid" 2>/dev/null || true
   fi
 }

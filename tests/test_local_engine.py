@@ -98,6 +98,7 @@ def warm_exp(tmp_path_factory):
     return exp
 
 
+@pytest.mark.slow   # CI's end-to-end `bash run.sh` + `grpo.evaluate.report check` proves learning on every commit
 def test_short_run_learns(warm_exp, synthetic_server, tmp_path):
     from grpo.config import load_config
     from grpo.train.local_engine import LocalGRPOTrainer
