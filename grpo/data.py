@@ -142,8 +142,9 @@ def write_parquet(records: list[dict], out_path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def prepare(cfg: DictConfig) -> dict[str, Path]:
-    """Validate every input file first, then write all parquet files (or none)."""
+def prepare(cfg: DictConfig, min_train_rows: int = 1) -> dict[str, Path]:
+    """Validate every input file first, then write all parquet files (or none). The training split must hold
+    at least `min_train_rows` prompts (one batch: train.batch_size), or no step could ever run."""
     splits = {"train": cfg.train_file, "val": cfg.val_file}
     all_records, problems, outputs = {}, [], {}
     for split, file in splits.items():
@@ -160,6 +161,9 @@ def prepare(cfg: DictConfig) -> dict[str, Path]:
             log.info("%s: %d duplicate text(s) (%s)", path.name, n_dup, cfg.duplicates)
         if not rows and not bad:
             problems.append(Problem(str(path), 0, "no data lines"))
+        elif split == "train" and not bad and not dup_problems and len(rows) < min_train_rows:
+            problems.append(Problem(str(path), 0, f"{len(rows)} usable prompt(s), fewer than one batch "
+                                                  f"(train.batch_size={min_train_rows}): lower the batch size or add data"))
         all_records[split] = to_records(rows, cfg, split)
     if problems:
         raise DataError(problems)
@@ -173,7 +177,7 @@ def prepare(cfg: DictConfig) -> dict[str, Path]:
 
 def run(cfg: DictConfig) -> int:
     try:
-        prepare(cfg.data)
+        prepare(cfg.data, min_train_rows=cfg.train.batch_size)
     except DataError as exc:
         log.error("data stage failed, nothing written. %s", exc)
         return 1

@@ -100,3 +100,32 @@ def test_shipped_data_is_valid(tmp_path):
     n_train = len(datasets.load_dataset("parquet", data_files=str(out["train"]), split="train"))
     n_val = len(datasets.load_dataset("parquet", data_files=str(out["val"]), split="train"))
     assert n_train >= 150 and n_val >= 20
+
+
+def test_missing_file_empty_file_and_bad_ids_are_reported_together(tmp_path):
+    empty = write_lines(tmp_path / "empty.jsonl", ["", "   "])
+    missing = tmp_path / "nowhere.jsonl"
+    with pytest.raises(DataError) as err:
+        prepare(data_cfg(tmp_path, empty, missing))
+    assert {(p.path.rsplit("/", 1)[-1], p.line, p.message) for p in err.value.problems} == {
+        ("empty.jsonl", 0, "no data lines"), ("nowhere.jsonl", 0, "file not found")}
+    ids = write_lines(tmp_path / "ids.jsonl", [
+        '{"text": "好", "id": true}', '{"text": "好", "id": 1.5}', '{"text": "好", "id": ""}',
+        '{"text": "好", "id": ["a"]}', '{"text": "好", "id": 0}', '{"text": "坏", "id": "0"}'])
+    with pytest.raises(DataError) as err:
+        prepare(data_cfg(tmp_path, ids))
+    # 1-4: not a non-empty string or integer; 6: id "0" is the integer 0 of line 5 as a string, for another text
+    assert {(p.line, "'id' must be" in p.message or "already used" in p.message) for p in err.value.problems} == {
+        (1, True), (2, True), (3, True), (4, True), (6, True)}
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_fewer_prompts_than_one_batch_is_an_error_naming_the_batch_size(tmp_path, repo_root):
+    train = write_lines(tmp_path / "small.jsonl", ['{"text": "好"}', '{"text": "坏"}', '{"text": "好"}'])
+    with pytest.raises(DataError, match="fewer than one batch"):
+        prepare(data_cfg(tmp_path, train), min_train_rows=4)
+    assert prepare(data_cfg(tmp_path, train), min_train_rows=3)["train"].exists()
+    proc = subprocess.run([sys.executable, "-m", "grpo", "data", f"exp_dir={tmp_path}/cli", f"data.train_file={train}",
+                           "data.val_file=null", "train.batch_size=8"], cwd=repo_root, capture_output=True, text=True)
+    assert proc.returncode == 1 and "3 usable prompt(s)" in proc.stderr and "train.batch_size=8" in proc.stderr
+    assert not list((tmp_path / "cli").rglob("*.parquet"))
