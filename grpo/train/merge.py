@@ -82,16 +82,26 @@ def verl_steps(cfg: DictConfig) -> dict[int, Path]:
             if (m := VERL_STEP.match(p.name)) and (p / "actor" / "fsdp_config.json").exists()}
 
 
+def select_verl_steps(steps: dict[int, Path], wanted) -> dict[int, Path]:
+    """`merge.steps`: all, last, or step names (one, or a list) matched exactly; an unknown name raises."""
+    if wanted == "all":
+        return steps
+    if wanted == "last":
+        return {max(steps): steps[max(steps)]} if steps else {}
+    names = [wanted] if isinstance(wanted, str) else list(wanted)
+    by_name = {f"step_{s}": s for s in steps}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"merge.steps: no verl checkpoint named {', '.join(map(str, unknown))}; "
+                         f"available: {', '.join(sorted(by_name, key=lambda n: by_name[n])) or '-'}")
+    return {by_name[n]: steps[by_name[n]] for n in names}
+
+
 def run(cfg: DictConfig) -> int:
     from grpo.checkpoint_selection import trained_checkpoints
 
     base = Path(cfg.model.hf_dir)
-    steps = verl_steps(cfg)
-    wanted = cfg.merge.steps
-    if wanted == "last" and steps:
-        steps = {max(steps): steps[max(steps)]}
-    elif wanted not in ("all", "last"):
-        steps = {s: p for s, p in steps.items() if f"step_{s}" in wanted}
+    steps = select_verl_steps(verl_steps(cfg), cfg.merge.steps)
     merged_root = Path(cfg.train.out_dir) / "merged"
     for step, actor in sorted(steps.items()):
         target = merged_root / f"step_{step}"
