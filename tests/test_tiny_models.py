@@ -1,6 +1,7 @@
 """Stage -1 (tiny): the model directory is laid out like CosyVoice2-0.5B and loads through CosyVoice's code."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -8,15 +9,26 @@ import torch
 from grpo.model.tiny import load_cosyvoice_yaml
 
 
-def test_layout(tiny_cfg):
+def test_layout_files_agree_with_each_other(tiny_cfg):
+    """What the loaders cross-check in a real download: the text tokenizer's size is the LLM's text vocabulary,
+    SenseVoice's BPE size is its CTC output size (with SenseVoice's tag pieces), am.mvn fits its LFR features."""
+    import sentencepiece as spm
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+
     cfg = tiny_cfg()
-    cv = __import__("pathlib").Path(cfg.model.cosyvoice_dir)
-    for name in ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "CosyVoice-BlankEN/config.json",
-                 "CosyVoice-BlankEN/vocab.json", "CosyVoice-BlankEN/merges.txt", "CosyVoice-BlankEN/tokenizer_config.json"):
-        assert (cv / name).is_file(), name
-    sv = __import__("pathlib").Path(cfg.model.sensevoice_dir)
-    for name in ("config.yaml", "model.pt", "bpe.model", "am.mvn"):
-        assert (sv / name).is_file(), name
+    cv, sv = Path(cfg.model.cosyvoice_dir), Path(cfg.model.sensevoice_dir)
+    llm = torch.load(cv / "llm.pt", weights_only=True)
+    blank = json.loads((cv / "CosyVoice-BlankEN" / "config.json").read_text())
+    tokenizer = get_qwen_tokenizer(str(cv / "CosyVoice-BlankEN"), skip_special_tokens=True)
+    assert len(tokenizer.tokenizer) <= blank["vocab_size"] == llm["llm.model.model.embed_tokens.weight"].shape[0]
+    assert tokenizer.decode(tokenizer.encode("今天天气很好")) == "今天天气很好"
+    sp = spm.SentencePieceProcessor(model_file=str(sv / "bpe.model"))
+    sense = torch.load(sv / "model.pt", weights_only=True)
+    assert sense["ctc.ctc_lo.weight"].shape[0] == sp.get_piece_size()
+    for tag in ("<|zh|>", "<|en|>", "<|NEUTRAL|>", "<|Speech|>", "<|woitn|>"):
+        assert sp.id_to_piece(sp.piece_to_id(tag)) == tag, tag
+    mvn = (sv / "am.mvn").read_text()
+    assert mvn.count("<AddShift>") == 1 and "<AddShift> 560 560" in mvn   # 80 mel bins x LFR m=7
 
 
 def test_llm_pt_loads_strictly_into_qwen2lm_from_yaml(tiny_cfg):
@@ -59,7 +71,32 @@ def test_tiny_sensevoice_loads_with_funasr_automodel(tiny_cfg):
     rng = np.random.default_rng(0)
     out = asr.transcribe([rng.standard_normal(16000).astype(np.float32) * 0.1 for _ in range(3)])
     assert len(out) == 3 and all(isinstance(t, str) for t in out)
-    assert not any("<|" in t for t in out), "SenseVoice tags must be stripped"
+
+
+def test_sensevoice_tags_are_stripped_from_what_funasr_decodes(tiny_cfg):
+    """SenseVoice decodes tag pieces (<|zh|><|NEUTRAL|>...) into its text. The CTC head is set so that each
+    frame decodes to either the <|zh|> piece or one Han piece (by the sign of a random direction of the encoder
+    output): funasr's raw text then interleaves tags and text, and the transcript must keep only the text."""
+    import sentencepiece as spm
+
+    from reward_server.asr import FunASR
+
+    sv = Path(tiny_cfg().model.sensevoice_dir)
+    asr = FunASR(sv)
+    sp = spm.SentencePieceProcessor(model_file=str(sv / "bpe.model"))
+    tag = sp.piece_to_id("<|zh|>")
+    word = next(i for i in range(sp.get_piece_size()) if "\u4e00" <= sp.id_to_piece(i).lstrip("\u2581")[:1] <= "\u9fff")
+    ctc = asr.model.model.ctc.ctc_lo
+    direction = torch.randn(ctc.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ctc.weight.zero_()
+        ctc.bias.fill_(-100.0)
+        ctc.weight[tag], ctc.weight[word] = direction, -direction
+        ctc.bias[tag] = ctc.bias[word] = 0.0
+    wav = np.random.default_rng(1).standard_normal(32000).astype(np.float32) * 0.1
+    raw = asr.model.generate(input=[wav], cache={}, language="auto", use_itn=False, disable_pbar=True)[0]["text"]
+    assert "<|zh|>" in raw and raw.replace("<|zh|>", "").strip(), f"the set-up head did not interleave: {raw!r}"
+    assert asr.transcribe([wav]) == [raw.replace("<|zh|>", "").strip()]
 
 
 def test_rebuild_is_skipped_when_up_to_date(tiny_cfg, caplog):

@@ -20,6 +20,7 @@ from grpo.config import resolve_path
 log = logging.getLogger(__name__)
 
 BUILD_STAMP = ".tiny_build.json"
+TINY_BUILD_VERSION = 2      # bump when grpo.model.tiny builds differently (2: SenseVoice BPE with its tag pieces)
 
 
 def _read_rows(paths) -> list[dict]:
@@ -46,7 +47,8 @@ def build_default_codebook(cfg: DictConfig):
 
 def _stamp(cfg: DictConfig) -> str:
     """What the tiny build depends on: its sizes, the codebook settings and the data the tokenizers learn from."""
-    h = hashlib.sha256(json.dumps(OmegaConf.to_container(cfg.model.tiny, resolve=True), sort_keys=True).encode())
+    h = hashlib.sha256(f"v{TINY_BUILD_VERSION}".encode())
+    h.update(json.dumps(OmegaConf.to_container(cfg.model.tiny, resolve=True), sort_keys=True).encode())
     h.update(json.dumps(OmegaConf.to_container(cfg.reward.codebook, resolve=True), sort_keys=True).encode())
     for p in cfg.reward.codebook.sources:
         p = resolve_path(p)

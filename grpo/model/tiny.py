@@ -296,6 +296,13 @@ def write_am_mvn(path: Path, dim: int) -> None:
     )
 
 
+# The tag pieces of SenseVoiceSmall's own BPE (language, emotion, event, text normalisation): SenseVoice
+# decodes its first output frames to these, so a transcript starts with e.g. <|zh|><|NEUTRAL|><|Speech|><|woitn|>.
+SENSEVOICE_TAGS = ["<|zh|>", "<|en|>", "<|yue|>", "<|ja|>", "<|ko|>", "<|nospeech|>", "<|HAPPY|>", "<|SAD|>",
+                   "<|ANGRY|>", "<|NEUTRAL|>", "<|EMO_UNKNOWN|>", "<|Speech|>", "<|BGM|>", "<|Laughter|>",
+                   "<|Applause|>", "<|Event_UNK|>", "<|withitn|>", "<|woitn|>"]
+
+
 def build_sensevoice_dir(out_dir: Path, sizes: DictConfig, texts: list[str], seed: int) -> None:
     """config.yaml, random model.pt, sentencepiece bpe.model of the model's vocab size, am.mvn."""
     import io
@@ -309,7 +316,7 @@ def build_sensevoice_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=model_bytes, vocab_size=sizes.vocab_size,
         model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2, user_defined_symbols=SENSEVOICE_TAGS,
     )
     (out_dir / "bpe.model").write_bytes(model_bytes.getvalue())
     vocab_size = spm.SentencePieceProcessor(model_proto=model_bytes.getvalue()).get_piece_size()
