@@ -86,7 +86,12 @@ class RewardServer:
             self.metrics.failure(f"client_{exc.status}")
             self.metrics.request(exc.status, time.perf_counter() - start)
             return JSONResponse(exc.body(), status_code=exc.status)
-        results = await asyncio.gather(*(self.score_batch(item) for item in items))
+        in_flight = self.metrics.in_flight.labels(**self.metrics.labels)
+        in_flight.inc(len(items))
+        try:
+            results = await asyncio.gather(*(self.score_batch(item) for item in items))
+        finally:
+            in_flight.dec(len(items))
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
             self.metrics.request(500, time.perf_counter() - start)

@@ -61,6 +61,7 @@ class _LoopState:
 class RewardClient:
     def __init__(self, config: ClientConfig):
         self.config = config
+        self.retries_made = 0      # retried POSTs since creation (all loops), for logs and tests
         # httpx clients are bound to the loop they were made in; verl may call from several loops
         self._loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -76,6 +77,7 @@ class RewardClient:
         last_error = "no attempt"
         for attempt in range(self.config.retries + 1):
             if attempt:
+                self.retries_made += 1
                 delay = self.config.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
                 log.warning("reward server: %s; retry %d/%d in %.1f s", last_error, attempt, self.config.retries, delay)
                 await asyncio.sleep(delay)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
 
 
@@ -23,6 +23,8 @@ class ServerMetrics:
         self.batch_latency = Histogram("reward_batch_latency_seconds", "backend time per batch", list(labels),
                                        buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
                                        registry=self.registry)
+        self.in_flight = Gauge("reward_items_in_flight", "items received and not yet answered (queue depth)",
+                               list(labels), registry=self.registry)
         self.labels = labels
 
     def request(self, status: int, seconds: float) -> None:

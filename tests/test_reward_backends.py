@@ -13,21 +13,37 @@ import soundfile as sf
 from conftest import FAST_TINY, ServerProcess
 from reward_server.backends import ScoreItem, build_backend, score
 from reward_server.scoring import error_rate, reward_from_error_rate
+from reward_server.token2wav import resample, stable_hash
 
 
 def test_cosyvoice2_backend_speaker_is_fixed_by_id(tiny_cfg):
+    """Same id -> same prompt speaker -> the same audio; ids spread over the speakers, and the speaker
+    really conditions the audio (same tokens, another speaker -> other audio)."""
     backend = build_backend(tiny_cfg("reward.backend=cosyvoice2"))
     assert len(backend.speaker_names) == 4
-    a = ScoreItem("utt-1", tuple(range(100, 140)), "今天天气很好")
-    b = ScoreItem("utt-2", tuple(range(100, 130)), "今天天气很好")
-    assert backend.speaker_for("utt-1") == backend.speaker_for("utt-1")
-    assert len({backend.speaker_for(f"utt-{i}") for i in range(40)}) > 1   # ids spread over the speakers
-    wav_a, wav_b = backend.synthesize([a, b])
-    assert wav_a.shape == (16000 * 40 // 25,) and wav_b.shape == (16000 * 30 // 25,)   # 16 kHz
+    ids = [f"utt-{i}" for i in range(40)]
+    by_speaker = {}
+    for i in ids:
+        by_speaker.setdefault(backend.speaker_for(i), []).append(i)
+    assert len(by_speaker) > 1                                     # ids spread over the speakers
+    first = backend.speaker_names[0]
+    id1 = next(i for i in ids if backend.speaker_for(i) != first)      # a speaker other than the first
+    tokens = tuple(range(100, 140))
+    a, short = ScoreItem(id1, tokens, "今天天气很好"), ScoreItem(id1, tuple(range(100, 130)), "今天天气很好")
+    wav_a, wav_short = backend.synthesize([a, short])
+    assert wav_a.shape == (16000 * 40 // 25,) and wav_short.shape == (16000 * 30 // 25,)   # 16 kHz, 25 tokens/s
     # deterministic, and independent of what else is in the batch
     np.testing.assert_allclose(backend.synthesize([a])[0], wav_a, atol=1e-3)
-    results = score([a, a, b], backend.transcribe([a, a, b]))
-    assert results[0] == results[1] and 0.0 <= results[0]["reward"] <= 1.0
+    # the audio is the id's own speaker and seed rendered by token2wav; with another speaker (same seed) it differs
+    seed = stable_hash(id1) % 2**31
+
+    def render(speaker):
+        wav = backend.token2wav.batch([list(tokens)], [backend.speakers[speaker]], [seed])[0]
+        return resample(wav, backend.token2wav.sample_rate, 16000)
+
+    own, other = np.abs(render(backend.speaker_for(id1)) - wav_a).max(), np.abs(render(first) - wav_a).max()
+    assert own < 1e-3
+    assert other > 10 * own, "the prompt speaker does not change the audio"
 
 
 def test_batched_flow_equals_cosyvoices_own_inference(tiny_cfg):
@@ -56,18 +72,43 @@ def test_batched_flow_equals_cosyvoices_own_inference(tiny_cfg):
 
 @pytest.mark.server
 def test_cosyvoice2_server_with_bearer_token(tiny_exp, tmp_path):
+    import asyncio
+    import math
+
+    from reward_server.client import ClientConfig, RewardClient, RewardRequestError
+
     overrides = [f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=cosyvoice2", "reward.auth_token=s3cret"]
     server = ServerProcess(overrides, log_path=tmp_path / "cv2.log").wait(auth_token="s3cret")
+    items = [{"id": f"u{i}", "tokens": list(range(200, 240 + 5 * i)), "text": "今天天气很好", "language": "zh"}
+             for i in range(4)]
+
+    async def with_client(token):
+        client = RewardClient(ClientConfig(server.url, retries=0, auth_token=token))
+        try:
+            return await asyncio.gather(*(client.score_one(it) for it in items))
+        finally:
+            await client.aclose()
+
     try:
-        body = {"items": [{"id": f"u{i}", "tokens": list(range(200, 240)), "text": "今天天气很好"} for i in range(4)]}
+        body = {"items": items}
         assert httpx.post(f"{server.url}/score", json=body).status_code == 401
         assert httpx.post(f"{server.url}/score", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
         ok = {"Authorization": "Bearer s3cret"}
         r1 = httpx.post(f"{server.url}/score", json=body, headers=ok, timeout=60)
-        r2 = httpx.post(f"{server.url}/score", json=body, headers=ok, timeout=60)
-        assert r1.status_code == 200 and r1.json() == r2.json()
+        assert r1.status_code == 200
         for res in r1.json()["results"]:
-            assert isinstance(res["transcript"], str) and 0 <= res["reward"] <= 1
+            c = error_rate("今天天气很好", res["transcript"], "zh")
+            assert res["error_rate"] == pytest.approx(c)
+            assert res["reward"] == pytest.approx(min(1.0, max(0.0, 1 - math.tanh(3 * c))))   # the default mapping
+        # the training client sends the token (reward.auth_token); random-weight ASR may flip a piece between
+        # two passes, so the second answer is checked for its ids and its own consistency
+        answers = asyncio.run(with_client("s3cret"))
+        assert [a["id"] for a in answers] == [it["id"] for it in items]
+        for a in answers:
+            assert a["reward"] == pytest.approx(min(1.0, max(0.0, 1 - math.tanh(3 * a["error_rate"]))))
+        with pytest.raises(RewardRequestError) as err:
+            asyncio.run(with_client(None))
+        assert err.value.status == 401
         assert httpx.get(f"{server.url}/health", headers=ok).json()["backend"] == "cosyvoice2"
     finally:
         server.stop()
@@ -76,8 +117,6 @@ def test_cosyvoice2_server_with_bearer_token(tiny_exp, tmp_path):
 def espeak(text: str, path) -> np.ndarray:
     subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], check=True, capture_output=True)
     wav, sr = sf.read(path, dtype="float32")
-    from reward_server.token2wav import resample
-
     return resample(wav, sr, 16000)
 
 
@@ -104,10 +143,15 @@ def test_real_english_audio_scores_the_matching_text_higher(tmp_path):
 
 
 def test_app_builder_for_serve_run_on_an_existing_cluster(tiny_exp):
-    """`serve run reward_server.app:app_builder overrides=...` builds the same application."""
+    """`serve run reward_server.app:app_builder overrides=...` builds the same application, with the
+    overrides applied to the deployment (replicas, batching)."""
     from ray.serve import Application
 
     from reward_server.app import app_builder
 
-    app = app_builder({"overrides": f"exp_dir={tiny_exp} reward.backend=synthetic reward.num_replicas=3"})
+    app = app_builder({"overrides": f"exp_dir={tiny_exp} reward.backend=synthetic reward.num_replicas=3 "
+                                    "reward.max_batch_size=17"})
     assert isinstance(app, Application)
+    deployment = app._bound_deployment
+    assert deployment.num_replicas == 3
+    assert deployment.init_args[0]["reward"]["max_batch_size"] == 17

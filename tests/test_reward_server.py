@@ -49,13 +49,6 @@ def test_valid_request_scores_in_order(synthetic_server, codebook):
     assert results[0]["reward"] == 1.0 and results[0]["transcript"] == " ".join(text_to_units(TEXTS[0]))
 
 
-def test_same_id_same_reward(synthetic_server, codebook):
-    it = item(1, codebook, random.Random(1), correct=False)
-    rewards = {httpx.post(f"{synthetic_server.url}/score", json={"items": [it]}).json()["results"][0]["reward"]
-                for _ in range(3)}
-    assert len(rewards) == 1
-
-
 BAD = [
     ("bad json", b'{"items": [', 400, "malformed JSON"),
     ("bad utf-8", b'{"items": [{"id": "\xff"}]}', 400, "UTF-8"),
@@ -142,28 +135,45 @@ def test_load_1000_concurrent_requests_with_malformed_ones(synthetic_server, cod
     print(f"1000 requests in {elapsed:.1f} s")
 
 
-def test_killed_replica_recovers_through_client_retries(synthetic_server, codebook):
+def in_flight(url) -> float:
+    import re
+
+    m = re.search(r'^reward_items_in_flight\{[^}]*\} ([0-9.e+]+)$', httpx.get(f"{url}/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_killed_replica_recovers_through_client_retries(tiny_exp, codebook, tmp_path):
+    """A replica killed while it holds requests: those fail (500), the client retries, the new replica answers.
+    The batch window is long (2 s) so that the kill certainly meets items inside the replica."""
+    from conftest import FAST_TINY, ServerProcess
+
+    server = ServerProcess([f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic", "reward.max_batch_size=64",
+                            "reward.batch_wait_timeout_s=2.0"], log_path=tmp_path / "server.log").wait()
     rng = random.Random(11)
-    items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(300)]
-    old_pid = httpx.get(f"{synthetic_server.url}/health").json()["pid"]
-    client = RewardClient(ClientConfig(synthetic_server.url, timeout_s=60, retries=10, backoff_s=0.5))
+    items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(40)]
+    old_pid = httpx.get(f"{server.url}/health").json()["pid"]
+    client = RewardClient(ClientConfig(server.url, timeout_s=60, retries=10, backoff_s=0.5))
 
     async def run():
-        tasks = []
-        for wave in range(30):              # load spread over time, so that requests meet the dead replica
-            tasks += [asyncio.create_task(client.score_one(it)) for it in items[wave * 10:(wave + 1) * 10]]
-            if wave == 5:
-                os.kill(old_pid, signal.SIGKILL)
+        tasks = [asyncio.create_task(client.score_one(it)) for it in items]
+        deadline = time.monotonic() + 30
+        while await asyncio.to_thread(in_flight, server.url) < len(items):    # all held in the replica's batch
+            assert time.monotonic() < deadline, "the items never reached the replica"
             await asyncio.sleep(0.05)
+        os.kill(old_pid, signal.SIGKILL)
         results = await asyncio.gather(*tasks)
         await client.aclose()
         return results
 
-    results = asyncio.run(run())
-    for it, res in zip(items, results):
-        assert res["id"] == it["id"]
-        assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
-    assert httpx.get(f"{synthetic_server.url}/health", timeout=120).json()["pid"] != old_pid
+    try:
+        results = asyncio.run(run())
+        for it, res in zip(items, results):
+            assert res["id"] == it["id"]
+            assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
+        assert httpx.get(f"{server.url}/health", timeout=120).json()["pid"] != old_pid
+        assert client.retries_made > 0
+    finally:
+        server.stop()
 
 
 def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
