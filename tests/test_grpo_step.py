@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2ForCausalLM
-from verl.trainer.ppo import core_algos
 
-from grpo.train.grpo_step import actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss
+from grpo.train.grpo_step import (actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss,
+                                  response_logits)
 from grpo.train.rollout import SamplingConfig, TransformersRollout
 from grpo.model.speech_vocab import SpeechVocab
 
@@ -22,14 +22,46 @@ def test_batch_layout_and_advantages_match_verl():
     # by hand: group 0 has mean 0.5 and (unbiased) std 0.7071; group 1 has equal scores
     expected = torch.tensor([0.5 / 0.70710678, -0.5 / 0.70710678, 0.0, 0.0])
     torch.testing.assert_close(adv[:, 0], expected, rtol=1e-4, atol=1e-5)
-    assert torch.all(adv[batch.response_mask == 0] == 0)
-    token_rewards = torch.zeros(4, 3)
-    token_rewards[[0, 1, 2, 3], [2, 0, 1, 0]] = torch.tensor([1.0, 0.0, 0.5, 0.5])
-    verl_adv, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, batch.response_mask,
-                                                            np.array([0, 0, 1, 1]), norm_adv_by_std_in_grpo=True)
-    torch.testing.assert_close(adv, verl_adv)
+    # the sample's advantage on every response token, 0 on padding
+    torch.testing.assert_close(adv, expected[:, None] * batch.response_mask, rtol=1e-4, atol=1e-5)
+    # Dr. GRPO (no std normalisation): score minus the group mean
+    torch.testing.assert_close(grpo_advantages(batch, norm_by_std=False)[:, 0], torch.tensor([0.5, -0.5, 0.0, 0.0]))
     kept, dropped = filter_groups(batch)
     assert dropped == 1 and kept.group_index.tolist() == [0, 0]
+
+
+def test_clipped_policy_loss_matches_the_ppo_formula_by_hand():
+    """verl's clipped objective through policy_loss with an off-policy batch (old != current log-probs):
+    per token max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), token-mean over the mask; ppo_kl = mean(old - new)."""
+    from omegaconf import OmegaConf
+
+    class Fixed(torch.nn.Module):     # a "model" whose logits are a parameter: log-probs known in closed form
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = torch.nn.Parameter(logits)
+
+        def forward(self, input_ids, **_):
+            return type("Out", (), {"logits": self.logits.expand(input_ids.shape[0], -1, -1)})()
+
+    batch = build_batch([[1, 2]] * 2, [[3, 4], [3]], [1.0, 0.0], [0, 0], pad_token_id=0)
+    logits = torch.zeros(1, 4, 6)
+    logits[0, 1, 3], logits[0, 2, 4] = 1.0, -0.5        # positions 1, 2 predict response tokens 0, 1
+    model = Fixed(logits)
+    new = torch.log_softmax(logits[0, 1:3], -1)[[0, 1], [3, 4]]          # same for both rows
+    old = torch.stack([new + torch.tensor([-0.4, -0.05]), new + torch.tensor([0.3, 0.0])]).detach()
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    cfg = actor_config(OmegaConf.create({"n": 2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
+                                         "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False,
+                                         "kl_loss_coef": 0.0, "kl_loss_type": "low_var_kl"}))
+    loss, metrics = policy_loss(model, batch, adv, old, None, cfg)
+    ratio = (new - old).exp().numpy()
+    a = adv.numpy()
+    per_token = np.maximum(-a * ratio, -a * np.clip(ratio, 0.8, 1.28))
+    mask = batch.response_mask.numpy().astype(bool)
+    assert loss.item() == pytest.approx(per_token[mask].mean(), rel=1e-5)
+    assert metrics["ppo_kl"] == pytest.approx((old.numpy() - new.detach().numpy()[None])[mask].mean(), rel=1e-5)
+    # token 0 of row 0 (ratio e^0.4 > 1.28, A > 0) is clipped; so is row 1's (e^-0.3 < 0.8, A < 0)
+    assert metrics["pg_clipfrac"] == pytest.approx(2 / 3, rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +75,7 @@ def tiny_policy(tiny_cfg):
 def test_one_update_moves_probability_towards_the_better_sample(tiny_policy, restrict):
     model, tok, vocab, cfg = tiny_policy
     model = Qwen2ForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32)   # a fresh copy
+    fresh = Qwen2ForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32)   # stays as before the update
     prompt = tok.apply_chat_template([{"role": "user", "content": "今天天气很好"}], tokenize=True, return_dict=False)
     good, bad = vocab.to_hf_ids([10, 20, 30]) + [vocab.stop_token_ids[0]], vocab.to_hf_ids([40, 50])
     batch = build_batch([prompt, prompt], [good, bad], [1.0, 0.0], [0, 0], tok.pad_token_id)
@@ -62,8 +95,12 @@ def test_one_update_moves_probability_towards_the_better_sample(tiny_policy, res
     optim.step()
     after = seq_logp()
     assert after[0] > before[0] and after[1] < before[1]
-    assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6)    # on-policy first step: ratio exactly 1
-    assert 0.0 <= metrics["non_speech_mass"] <= 1.0
+    # non_speech_mass: the full-vocabulary probability of never-sampled ids, recomputed from the logits
+    with torch.no_grad():
+        probs = response_logits(fresh, batch).softmax(-1)
+    leak = 1 - probs[..., allowed].sum(-1)
+    assert metrics["non_speech_mass"] == pytest.approx((leak * batch.response_mask).sum().item()
+                                                       / batch.response_mask.sum().item(), rel=1e-4)
 
 
 def test_restricted_log_probs_sum_to_one_over_allowed_ids(tiny_policy):
@@ -79,7 +116,15 @@ def test_restricted_log_probs_sum_to_one_over_allowed_ids(tiny_policy):
         full, _, _ = log_probs(model, batch, allowed=allowed, restrict=False)
         restricted, entropy, leak = log_probs(model, batch, with_entropy=True, allowed=allowed, restrict=True)
     torch.testing.assert_close(probs[..., allowed].sum(-1), torch.ones(1, 2))
-    # restricted = full - log P(allowed): never below the full-vocabulary log-prob
+    # restricted = log_softmax over the allowed ids alone (a second computation from the raw logits)
+    raw = response_logits(model, batch).detach()
+    allowed_ids = allowed.nonzero().squeeze(-1)
+    by_hand = torch.log_softmax(raw[..., allowed_ids], -1)
+    position = {int(t): k for k, t in enumerate(allowed_ids)}
+    expected = torch.stack([by_hand[0, j, position[int(t)]] for j, t in enumerate(batch.responses[0])])[None]
+    torch.testing.assert_close(restricted, expected, rtol=1e-5, atol=1e-5)
+    # renormalising over a subset never lowers a log-prob: restricted = full - log P(allowed) >= full
+    assert torch.all(restricted >= full)
     torch.testing.assert_close(restricted, full - torch.log1p(-leak))
     assert torch.all(entropy >= 0) and torch.isfinite(entropy).all()
 

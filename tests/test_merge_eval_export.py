@@ -53,8 +53,16 @@ def test_merge_verl_checkpoint(tiny_cfg, trained):
     expected = torch.load(trained / "verl_checkpoints" / "global_step_3" / "expected.pt", weights_only=True)
     weights = load_file(merged / "model.safetensors")
     assert set(weights) == set(expected)
+    base = load_file(Path(cfg.model.hf_dir) / "model.safetensors")
     for k, v in expected.items():
-        assert torch.equal(weights[k], v.to(weights[k].dtype)), k
+        # verl's merger writes bf16 (fsdp_model_merger casts every shard): the trained fp32 weights are rounded
+        # to nearest, so each value is within half a bf16 ulp (2^-8 relative) of what training left
+        assert weights[k].dtype == torch.bfloat16, k
+        err = (weights[k].float() - v).abs()
+        assert torch.all(err <= v.abs() * 2.0 ** -8), (k, err.max())
+        # and it is the trained model (+0.01 everywhere), not the base one
+        moved = (weights[k].float() - base[k].float()).abs()
+        assert moved.median() > 0.005, k
     assert (merged / "speech_tokens.json").exists() and (merged / "cosyvoice_extra.pt").exists()
     Qwen2ForCausalLM.from_pretrained(merged)
     tok = AutoTokenizer.from_pretrained(merged)
@@ -62,22 +70,57 @@ def test_merge_verl_checkpoint(tiny_cfg, trained):
     assert merge.run(cfg) == 0                                  # idempotent: an existing merge is kept
 
 
-def test_evaluate_base_and_merged_reports_are_consistent(tiny_cfg, trained, tmp_path):
+def test_merge_step_names_match_exactly(tmp_path):
+    steps = {3: tmp_path / "a3", 30: tmp_path / "a30", 300: tmp_path / "a300"}
+    assert merge.select_verl_steps(steps, "step_3") == {3: steps[3]}
+    assert merge.select_verl_steps(steps, "step_30") == {30: steps[30]}
+    assert merge.select_verl_steps(steps, ["step_300", "step_3"]) == {300: steps[300], 3: steps[3]}
+    assert merge.select_verl_steps(steps, "last") == {300: steps[300]}
+    assert merge.select_verl_steps(steps, "all") == steps
+    assert merge.select_verl_steps({}, "last") == {}
+    with pytest.raises(ValueError, match="no verl checkpoint named step_4; available: step_3, step_30, step_300"):
+        merge.select_verl_steps(steps, ["step_3", "step_4"])
+
+
+def pinyin_error_rate_by_hand(reference: str, transcript: str) -> float:
+    """Independent of reward_server.scoring: pypinyin TONE3 (sandhi, neutral tone 5) of the Han characters,
+    jiwer's word error rate against the space-separated units of the synthetic transcript."""
+    import jiwer
+    from pypinyin import Style, lazy_pinyin
+
+    han = "".join(ch for ch in reference if "\u4e00" <= ch <= "\u9fff")
+    ref = " ".join(lazy_pinyin(han, style=Style.TONE3, neutral_tone_with_five=True, tone_sandhi=True))
+    return jiwer.wer(ref, transcript) if transcript else 1.0
+
+
+def test_evaluate_base_and_merged_reports(tiny_cfg, trained, tmp_path):
     out = tmp_path / "eval"
     cfg = tiny_cfg(f"train.out_dir={trained}", f"eval.out_dir={out}", "eval.max_items=6",
                    "eval.checkpoints=[base,last]")
     assert evaluate.run(cfg) == 0                               # vLLM loads the merged bf16 checkpoint too
     report = json.loads((out / "report.json").read_text())
     assert list(report) == ["base", "step_3"]
+    transcripts = {}
     for name, r in report.items():
-        assert set(r) >= {"cer", "count", "failures"} and r["count"] + r["failures"] == 6
+        assert r["count"] + r["failures"] == 6
         rows = read_tsv(out / f"{name}.tsv")
         assert list(rows[0]) == ["id", "reference", "transcript", "error_rate"] and len(rows) == 6
-        rates = [float(x["error_rate"]) for x in rows if x["error_rate"]]
-        assert r["cer"] == pytest.approx(sum(rates) / len(rates))
+        by_hand = []
+        for row in rows:
+            ref = row["reference"]
+            if all("\u4e00" <= ch <= "\u9fff" or ch in "，。！？、" for ch in ref):   # no digits or Latin to normalise
+                by_hand.append(pinyin_error_rate_by_hand(ref, row["transcript"]))
+                assert float(row["error_rate"]) == pytest.approx(by_hand[-1], abs=1e-6), row
+        assert len(by_hand) >= 4
+        assert r["cer"] == pytest.approx(sum(float(x["error_rate"]) for x in rows) / 6)
+        assert r["cer"] > 0
         assert len(list((out / name).glob("*.wav"))) == r["count"]
+        transcripts[name] = [row["transcript"] for row in rows]
+    # step_3 (every weight +0.01) is evaluated with its own weights: its samples differ from the base model's
+    assert transcripts["base"] != transcripts["step_3"]
     md = (out / "report.md").read_text()
-    assert "| base |" in md and "| step_3 |" in md and "Δ vs base" in md
+    assert f"| base | {report['base']['cer']:.4f} |" in md and f"| step_3 | {report['step_3']['cer']:.4f} |" in md
+    assert f"{report['step_3']['cer'] - report['base']['cer']:+.4f}" in md and "Δ vs base" in md
     assert (out / "report.png").stat().st_size > 1000
 
 
@@ -110,7 +153,22 @@ def test_export_loads_into_cosyvoice(tiny_cfg, trained, tmp_path):
     original = torch.load(Path(cfg.model.cosyvoice_dir) / "llm.pt", weights_only=True)
     assert all(torch.equal(base_pt[k], original[k]) for k in original)    # untrained: bit for bit
     step = torch.load(tmp_path / "export" / "step_3" / "llm.pt", weights_only=True)
-    assert not torch.equal(step["llm.model.model.norm.weight"], original["llm.model.model.norm.weight"])
+    expected = torch.load(trained / "verl_checkpoints" / "global_step_3" / "expected.pt", weights_only=True)
+    torch.testing.assert_close(step["llm.model.model.norm.weight"], expected["model.norm.weight"],
+                               rtol=2.0 ** -8, atol=0)   # the body as trained (bf16-merged)
+    # export.head=delta: original head + what training changed. Training added 0.01 to every head row, so the
+    # exported decoder is the original one + 0.01 (up to the bf16 rounding of the merge), and the bias,
+    # which HF does not train, comes back untouched
+    from grpo.model.speech_vocab import SpeechVocab
+
+    vocab = SpeechVocab.load(cfg.model.hf_dir)
+    trained_rows = expected["lm_head.weight"][vocab.text_vocab_size:vocab.text_vocab_size + vocab.num_speech_rows]
+    change = step["llm_decoder.weight"] - original["llm_decoder.weight"]
+    # two roundings to bf16: the merged trained rows, and the converted rows the change is taken against
+    bound = (trained_rows.abs() + (trained_rows - 0.01).abs()) * 2.0 ** -8 + 1e-7
+    assert torch.all((change - 0.01).abs() <= bound)
+    assert torch.equal(step["llm_decoder.bias"], original["llm_decoder.bias"])
+    assert original["llm_decoder.bias"].abs().max() > 0            # the tiny build's bias is nonzero
     assert (tmp_path / "export" / "step_3" / "flow.pt").exists()        # the rest of the model directory
 
 
@@ -132,6 +190,29 @@ def speaker_onnx(tmp_path_factory):
     return path
 
 
+def speaker_similarity_by_hand(a, b) -> float:
+    """kaldi-native-fbank features (a second fbank implementation), the encoder above in torch, cosine."""
+    import kaldi_native_fbank as knf
+    import numpy as np
+
+    def embed(wav):
+        opts = knf.FbankOptions()
+        opts.frame_opts.dither = 0
+        opts.frame_opts.samp_freq = 16000
+        opts.mel_opts.num_bins = 80
+        fbank = knf.OnlineFbank(opts)
+        fbank.accept_waveform(16000, wav.tolist())   # unscaled, as the evaluation passes it to kaldi.fbank
+        fbank.input_finished()
+        feats = torch.tensor(np.stack([fbank.get_frame(i) for i in range(fbank.num_frames_ready)]))
+        feats = feats - feats.mean(0, keepdim=True)
+        torch.manual_seed(0)
+        proj = torch.nn.Linear(80, 192)
+        return proj(feats).pow(2).mean(0).sqrt().detach()
+
+    x, y = embed(a), embed(b)
+    return float(torch.dot(x, y) / (x.norm() * y.norm()))
+
+
 def test_speaker_similarity(speaker_onnx):
     import numpy as np
 
@@ -141,26 +222,36 @@ def test_speaker_similarity(speaker_onnx):
     rng = np.random.default_rng(0)
     a = np.sin(np.arange(16000) * 0.05).astype(np.float32) * 0.3
     b = rng.standard_normal(16000).astype(np.float32) * 0.3
-    assert sim.similarity(a, a) == pytest.approx(1.0, abs=1e-5)
+    c = (np.sin(np.arange(16000) * 0.11) * 0.2 + rng.standard_normal(16000) * 0.05).astype(np.float32)
+    for x, y in ((a, b), (a, c), (b, c)):
+        assert sim.similarity(x, y) == pytest.approx(speaker_similarity_by_hand(x, y), abs=2e-3)
     assert sim.similarity(a, b) < 0.99
 
 
 def test_evaluate_reports_speaker_similarity_with_prompt_wavs(tiny_cfg, speaker_onnx, tmp_path):
     import soundfile as sf
 
-    from reward_server.token2wav import Token2Wav, tiny_prompt_features
+    from reward_server.token2wav import Token2Wav, resample, tiny_prompt_features
 
     cfg = tiny_cfg()
     items = [json.loads(line) for line in Path("data/zero_shot_tiny.jsonl").read_text().splitlines()[:3]]
     t2w = Token2Wav(cfg.model.cosyvoice_dir)
+    prompts = {}
     for it in items:   # a prompt recording: the prompt tokens spoken by the tiny token2wav
         wav = t2w(it["prompt_speech_tokens"], tiny_prompt_features(it["id"], it["prompt_speech_tokens"]), seed=0)
         sf.write(tmp_path / f"{it['id']}.wav", wav, 24000)
         it["prompt_wav"] = f"{it['id']}.wav"
+        prompts[it["id"]] = resample(wav, 24000, 16000)
     (tmp_path / "set.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     out = tmp_path / "eval"
     assert evaluate.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
                                  "eval.checkpoints=[base]", f"eval.speaker_model={speaker_onnx}")) == 0
     report = json.loads((out / "report.json").read_text())["base"]
-    assert report["sim_count"] == report["count"] == 3 and -1.0 <= report["sim"] <= 1.0
-    assert "SIM" in (out / "report.md").read_text()
+    assert report["sim_count"] == report["count"] == 3
+    # the mean of each generated wav's similarity to its own prompt, recomputed from the written wavs
+    sims = []
+    for it in items:
+        generated, sr = sf.read(out / "base" / f"{it['id']}.wav", dtype="float32")
+        sims.append(speaker_similarity_by_hand(resample(generated, sr, 16000), prompts[it["id"]]))
+    assert report["sim"] == pytest.approx(sum(sims) / 3, abs=2e-3)
+    assert f"{report['sim']:.3f}" in (out / "report.md").read_text()

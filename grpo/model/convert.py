@@ -178,9 +178,10 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, head: str = "delta") -> dict[str, 
         sd["llm_embedding.weight"] = torch.stack([embed[vocab.sos_token_id], embed[vocab.task_id_token_id]]).to(dtype)
     trained_rows = lm_head[T:T + rows]
     if head == "delta":
-        # original head + what training changed (in the trained dtype, so untouched rows add exactly 0);
-        # an untrained model comes back bit for bit
-        change = trained_rows - extra["converted_head_rows"].to(trained_rows.dtype)
+        # original head + what training changed: the converted rows rounded to the trained dtype (so untouched
+        # rows add exactly 0, and an untrained model comes back bit for bit), the difference taken in fp32
+        # (exact for two bf16 values; a bf16 subtraction would round the change itself)
+        change = trained_rows.float() - extra["converted_head_rows"].to(trained_rows.dtype).float()
         sd["llm_decoder.weight"] = extra["decoder_weight"] + change.to(dtype)
         if extra["decoder_bias"] is not None:
             sd["llm_decoder.bias"] = extra["decoder_bias"].clone()
