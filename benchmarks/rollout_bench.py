@@ -26,7 +26,7 @@ def tokens_per_s(engine, prompts, sampling, seed) -> float:
 
 
 def main() -> None:
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = load_config([])
     hf = cfg.model.hf_dir
@@ -36,7 +36,7 @@ def main() -> None:
     prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True, return_dict=False) for t in texts]
     sampling = SamplingConfig(n=8, temperature=1.0, max_tokens=96)
     engines = {"vllm": VLLMRollout(hf, vocab, max_model_len=512),
-               "transformers": TransformersRollout(Qwen2ForCausalLM.from_pretrained(hf, dtype=torch.float32), vocab,
+               "transformers": TransformersRollout(AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32), vocab,
                                                    tok.pad_token_id)}
     result = {"benchmark": "rollout", "prompts": len(prompts), "n": sampling.n, "threads": torch.get_num_threads()}
     for name, engine in engines.items():

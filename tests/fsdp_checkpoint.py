@@ -12,15 +12,17 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from transformers import AutoTokenizer, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+import grpo.model  # noqa: F401  (registers CosyVoiceLMForCausalLM, as verl's external_lib does)
 
 
 def main(hf_dir: str, out: str, step: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     os.environ.setdefault("MASTER_PORT", "29555")
     dist.init_process_group("gloo", rank=0, world_size=1)
-    model = Qwen2ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.01)

@@ -1,9 +1,10 @@
-"""GRPO wiring on hand-made batches: advantages, the sign of an update, restricted log-probs, rollouts."""
+"""GRPO wiring on hand-made batches: advantages, the PPO clip, the sign of an update, log-probs of the exact head,
+rollouts."""
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.train.grpo_step import (actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss,
                                   response_logits)
@@ -67,15 +68,14 @@ def test_clipped_policy_loss_matches_the_ppo_formula_by_hand():
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_cfg):
     cfg = tiny_cfg()
-    return (Qwen2ForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32),
+    return (AutoModelForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32),
             AutoTokenizer.from_pretrained(cfg.model.hf_dir), SpeechVocab.load(cfg.model.hf_dir), cfg)
 
 
-@pytest.mark.parametrize("restrict", [True, False])
-def test_one_update_moves_probability_towards_the_better_sample(tiny_policy, restrict):
+def test_one_update_moves_probability_towards_the_better_sample(tiny_policy):
     model, tok, vocab, cfg = tiny_policy
-    model = Qwen2ForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32)   # a fresh copy
-    fresh = Qwen2ForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32)   # stays as before the update
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32)   # a fresh copy
+    fresh = AutoModelForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32)   # stays as before the update
     prompt = tok.apply_chat_template([{"role": "user", "content": "今天天气很好"}], tokenize=True, return_dict=False)
     good, bad = vocab.to_hf_ids([10, 20, 30]) + [vocab.stop_token_ids[0]], vocab.to_hf_ids([40, 50])
     batch = build_batch([prompt, prompt], [good, bad], [1.0, 0.0], [0, 0], tok.pad_token_id)
@@ -83,13 +83,13 @@ def test_one_update_moves_probability_towards_the_better_sample(tiny_policy, res
 
     def seq_logp():
         with torch.no_grad():
-            return (log_probs(model, batch, allowed=allowed, restrict=restrict)[0] * batch.response_mask).sum(-1)
+            return (log_probs(model, batch)[0] * batch.response_mask).sum(-1)
 
     before = seq_logp()
     adv = grpo_advantages(batch, norm_by_std=True)
     train_cfg = cfg.train.copy()
     train_cfg.n = 2
-    loss, metrics = policy_loss(model, batch, adv, None, None, actor_config(train_cfg), allowed, restrict)
+    loss, metrics = policy_loss(model, batch, adv, None, None, actor_config(train_cfg), allowed)
     optim = torch.optim.SGD(model.parameters(), lr=0.05)
     loss.backward()
     optim.step()
@@ -98,34 +98,29 @@ def test_one_update_moves_probability_towards_the_better_sample(tiny_policy, res
     # non_speech_mass: the full-vocabulary probability of never-sampled ids, recomputed from the logits
     with torch.no_grad():
         probs = response_logits(fresh, batch).softmax(-1)
-    leak = 1 - probs[..., allowed].sum(-1)
+    leak = probs[..., ~allowed].sum(-1)
     assert metrics["non_speech_mass"] == pytest.approx((leak * batch.response_mask).sum().item()
-                                                       / batch.response_mask.sum().item(), rel=1e-4)
+                                                       / batch.response_mask.sum().item(), rel=1e-4, abs=1e-12)
+    assert metrics["non_speech_mass"] == 0.0             # the masked head: nothing outside speech and stop ids
 
 
-def test_restricted_log_probs_sum_to_one_over_allowed_ids(tiny_policy):
+def test_full_vocabulary_log_probs_are_the_sampling_policy(tiny_policy):
+    """With the masked speech head, verl's full-vocabulary log-probs equal a log-softmax over the speech and
+    stop ids alone (what rollouts sample from), and nothing leaks to other ids."""
     model, tok, vocab, _ = tiny_policy
     allowed = vocab.allowed_mask()
     prompt = tok.apply_chat_template([{"role": "user", "content": "你好"}], tokenize=True, return_dict=False)
-    batch = build_batch([prompt], [vocab.to_hf_ids([1, 2])], [0.0], [0], tok.pad_token_id)
-    from grpo.train.grpo_step import MASKED_LOGIT, response_logits
-
+    batch = build_batch([prompt], [vocab.to_hf_ids([1, 2]) + [vocab.stop_token_ids[0]]], [0.0], [0],
+                        tok.pad_token_id)
     with torch.no_grad():
-        logits = response_logits(model, batch).masked_fill(~allowed, MASKED_LOGIT)
-        probs = logits.softmax(-1)
-        full, _, _ = log_probs(model, batch, allowed=allowed, restrict=False)
-        restricted, entropy, leak = log_probs(model, batch, with_entropy=True, allowed=allowed, restrict=True)
-    torch.testing.assert_close(probs[..., allowed].sum(-1), torch.ones(1, 2))
-    # restricted = log_softmax over the allowed ids alone (a second computation from the raw logits)
-    raw = response_logits(model, batch).detach()
+        full, entropy, leak = log_probs(model, batch, with_entropy=True, allowed=allowed)
+        raw = response_logits(model, batch)
     allowed_ids = allowed.nonzero().squeeze(-1)
     by_hand = torch.log_softmax(raw[..., allowed_ids], -1)
     position = {int(t): k for k, t in enumerate(allowed_ids)}
     expected = torch.stack([by_hand[0, j, position[int(t)]] for j, t in enumerate(batch.responses[0])])[None]
-    torch.testing.assert_close(restricted, expected, rtol=1e-5, atol=1e-5)
-    # renormalising over a subset never lowers a log-prob: restricted = full - log P(allowed) >= full
-    assert torch.all(restricted >= full)
-    torch.testing.assert_close(restricted, full - torch.log1p(-leak))
+    torch.testing.assert_close(full, expected, rtol=0, atol=1e-5)
+    assert torch.all(leak == 0)
     assert torch.all(entropy >= 0) and torch.isfinite(entropy).all()
 
 

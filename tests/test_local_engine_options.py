@@ -91,8 +91,7 @@ def test_ppo_epochs_and_mini_batches_set_the_number_of_optimizer_steps(make_trai
 def kl_to_reference(trainer, batch) -> float:
     """Mean |log pi - log pi_ref| over the response tokens."""
     with torch.no_grad():
-        logp = log_probs(trainer.model, batch, allowed=trainer.allowed, restrict=trainer.restrict)[0]
-        ref = log_probs(trainer.ref, batch, allowed=trainer.allowed, restrict=trainer.restrict)[0]
+        logp, ref = log_probs(trainer.model, batch)[0], log_probs(trainer.ref, batch)[0]
     mask = batch.response_mask
     return float(((logp - ref).abs() * mask).sum() / mask.sum())
 

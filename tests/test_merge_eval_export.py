@@ -45,7 +45,7 @@ def trained(tiny_cfg, tmp_path_factory):
 
 def test_merge_verl_checkpoint(tiny_cfg, trained):
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = tiny_cfg(f"train.out_dir={trained}")
     assert merge.run(cfg) == 0
@@ -64,7 +64,10 @@ def test_merge_verl_checkpoint(tiny_cfg, trained):
         moved = (weights[k].float() - base[k].float()).abs()
         assert moved.median() > 0.005, k
     assert (merged / "speech_tokens.json").exists() and (merged / "cosyvoice_extra.pt").exists()
-    Qwen2ForCausalLM.from_pretrained(merged)
+    # the bias survives FSDP2 sharding, verl's merger and its bf16 cast, and loads into the exact class
+    model = AutoModelForCausalLM.from_pretrained(merged)
+    assert type(model).__name__ == "CosyVoiceLMForCausalLM"
+    assert torch.equal(model.lm_head.bias.data, expected["lm_head.bias"].to(torch.bfloat16))
     tok = AutoTokenizer.from_pretrained(merged)
     assert tok.decode(tok.convert_tokens_to_ids(["<|s_5|>"]), skip_special_tokens=True) == "<|s_5|>"
     assert merge.run(cfg) == 0                                  # idempotent: an existing merge is kept
@@ -156,19 +159,15 @@ def test_export_loads_into_cosyvoice(tiny_cfg, trained, tmp_path):
     expected = torch.load(trained / "verl_checkpoints" / "global_step_3" / "expected.pt", weights_only=True)
     torch.testing.assert_close(step["llm.model.model.norm.weight"], expected["model.norm.weight"],
                                rtol=2.0 ** -8, atol=0)   # the body as trained (bf16-merged)
-    # export.head=delta: original head + what training changed. Training added 0.01 to every head row, so the
-    # exported decoder is the original one + 0.01 (up to the bf16 rounding of the merge), and the bias,
-    # which HF does not train, comes back untouched
     from grpo.model.speech_vocab import SpeechVocab
 
+    # llm_decoder = the merged head's rows, weight and bias (bf16 from verl's merger, cast back to fp32)
     vocab = SpeechVocab.load(cfg.model.hf_dir)
-    trained_rows = expected["lm_head.weight"][vocab.text_vocab_size:vocab.text_vocab_size + vocab.num_speech_rows]
-    change = step["llm_decoder.weight"] - original["llm_decoder.weight"]
-    # two roundings to bf16: the merged trained rows, and the converted rows the change is taken against
-    bound = (trained_rows.abs() + (trained_rows - 0.01).abs()) * 2.0 ** -8 + 1e-7
-    assert torch.all((change - 0.01).abs() <= bound)
-    assert torch.equal(step["llm_decoder.bias"], original["llm_decoder.bias"])
-    assert original["llm_decoder.bias"].abs().max() > 0            # the tiny build's bias is nonzero
+    rows = slice(vocab.text_vocab_size, vocab.text_vocab_size + vocab.num_speech_rows)
+    for key, hf_key in (("llm_decoder.weight", "lm_head.weight"), ("llm_decoder.bias", "lm_head.bias")):
+        assert step[key].dtype == torch.float32
+        assert torch.equal(step[key], expected[hf_key][rows].to(torch.bfloat16).float()), key
+    assert not torch.equal(step["llm_decoder.bias"], original["llm_decoder.bias"])      # trained: +0.01
     assert (tmp_path / "export" / "step_3" / "flow.pt").exists()        # the rest of the model directory
 
 

@@ -27,6 +27,7 @@ def test_overrides_compose_in_verls_own_config(tiny_cfg):
     assert a.rollout.name == "vllm" and a.rollout.n == 6 and a.actor.clip_ratio_high == 0.3
     assert a.rollout.agent.default_agent_loop == "speech_token_agent"
     assert a.model.path == cfg.model.hf_dir and job.trainer.n_gpus_per_node == 4
+    assert a.model.external_lib == "grpo.model"          # registers CosyVoiceLMForCausalLM in every worker
     assert job.trainer.resume_mode == "auto"
     rf = job.reward.custom_reward_function
     assert rf.path.endswith("grpo/train/reward_fn.py") and rf.name == "compute_score"
@@ -103,24 +104,22 @@ def test_no_speech_and_server_failure_are_never_a_silent_zero():
     assert excluded["reward_failed"] == 1
 
 
-def test_agent_loop_passes_allowed_token_ids_to_vllm(tiny_cfg, tmp_path):
+def test_agent_loop_passes_the_stop_ids_to_vllm(tiny_cfg):
     import hydra
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.workers.rollout.replica import TokenOutput
 
-    from grpo.train.verl_agent_loop import SpeechTokenAgentLoop, speech_sampling_params
+    from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, SpeechTokenAgentLoop, speech_sampling_params
 
     cfg = tiny_cfg()
     vocab = SpeechVocab.load(cfg.model.hf_dir)
     config = verl_config(verl_launcher.build_overrides(cfg))
-    agent_yaml = tmp_path / "agents.yaml"
-    from grpo.train.verl_agent_loop import agent_loop_yaml
-
-    agent_yaml.write_text(agent_loop_yaml())
     from omegaconf import OmegaConf
 
-    registry = {c.name: c for c in OmegaConf.load(agent_yaml)}
+    # the shipped registry file is the one the launcher points verl at
+    assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(AGENT_LOOP_CONFIG)
+    registry = {c.name: c for c in OmegaConf.load(AGENT_LOOP_CONFIG)}
     assert registry["speech_token_agent"]._target_ == "grpo.train.verl_agent_loop.SpeechTokenAgentLoop"
 
     class RecordingServer:
@@ -141,8 +140,8 @@ def test_agent_loop_passes_allowed_token_ids_to_vllm(tiny_cfg, tmp_path):
     base = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": False}
     out = loop.loop.run_until_complete(loop.run(dict(base), raw_prompt=[{"role": "user", "content": "今天天气很好"}]))
     prompt_ids, params = server.calls[0]
-    assert params["allowed_token_ids"] == vocab.allowed_token_ids()
+    assert "allowed_token_ids" not in params           # the masked head needs none (vLLM V2 caps them at 1024)
     assert set(vocab.stop_token_ids) <= set(params["stop_token_ids"])
     assert prompt_ids[0] == vocab.sos_token_id and prompt_ids[-1] == vocab.task_id_token_id
     assert out.response_ids[:2] == vocab.to_hf_ids([5, 6])
-    assert speech_sampling_params(base, vocab) is not base and "allowed_token_ids" not in base
+    assert speech_sampling_params(base, vocab) is not base and "stop_token_ids" not in base

@@ -1,26 +1,26 @@
-"""CosyVoice `llm.pt` <-> Hugging Face Qwen2ForCausalLM (servable by vLLM, trainable by verl).
+"""CosyVoice `llm.pt` <-> Hugging Face CosyVoiceLMForCausalLM (grpo.model.cosyvoice_lm), exact both ways.
 
 cosyvoice -> hf: the Qwen2 body as is; input embeddings = text rows + speech_embedding rows (+ the two
-llm_embedding rows, sos and task_id, for CosyVoice2); lm_head rows of the speech tokens and control
-ids = llm_decoder. Qwen2 has no lm_head bias, so a nonzero llm_decoder bias is handled knowingly in
-`grpo.model.lm_head_bias` (measured, dropped or folded, reported). What HF cannot hold (the unused padding
-rows of CosyVoice's text embedding, the original head) goes to `cosyvoice_extra.pt` so that
-hf -> cosyvoice restores an untouched model bit for bit.
+llm_embedding rows, sos and task_id, for CosyVoice2); lm_head rows [T, T + rows) = llm_decoder's weight and
+bias (a zero bias for a bias-free decoder, then frozen); every other lm_head row masked (zero weight, bias
+MASKED_LOGIT). A softmax over the whole vocabulary is then CosyVoice's decoder distribution, for any bias.
+What HF cannot hold (the padding rows of CosyVoice's text embedding, an unused Qwen lm_head, the key order)
+goes to `cosyvoice_extra.pt`, so that hf -> cosyvoice restores an untouched model bit for bit.
 
-hf -> cosyvoice: the trained HF weights back into CosyVoice's state-dict layout; the head is the
-original head plus what training changed (`delta`, default) or the HF head as is (`functional`).
+hf -> cosyvoice: the (trained) HF weights back into CosyVoice's layout and llm.pt's dtype; llm_decoder is
+the head's rows [T, T + rows), weight and bias.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
 
 import torch
 
-from grpo.model.speech_vocab import SpeechVocab, build_hf_tokenizer
+from grpo.model.cosyvoice_lm import ARCHITECTURE, MASKED_LOGIT, CosyVoiceLMConfig, CosyVoiceLMForCausalLM
+from grpo.model.speech_vocab import EXTRA_SPEECH_ROWS, SpeechVocab, build_hf_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +41,16 @@ def load_cosyvoice_llm(model_dir: str | Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _hf_config(blank_dir: Path, vocab: SpeechVocab, dtype: torch.dtype):
+def hf_config(blank_dir: Path, vocab: SpeechVocab, dtype: torch.dtype, has_bias: bool) -> CosyVoiceLMConfig:
     from transformers import Qwen2Config
 
-    config = Qwen2Config.from_pretrained(blank_dir)
-    config.vocab_size = vocab.vocab_size
-    config.tie_word_embeddings = False
-    config.bos_token_id = vocab.sos_token_id
-    config.eos_token_id = vocab.stop_token_ids[0]
-    config.torch_dtype = dtype
-    return config
+    body = Qwen2Config.from_pretrained(blank_dir).to_dict()
+    for key in ("model_type", "architectures", "auto_map", "transformers_version", "tie_word_embeddings"):
+        body.pop(key, None)
+    body.update(vocab_size=vocab.vocab_size, bos_token_id=vocab.sos_token_id, eos_token_id=vocab.stop_token_ids[0],
+                torch_dtype=dtype, architectures=[ARCHITECTURE])
+    first = vocab.speech_token_offset
+    return CosyVoiceLMConfig(head_rows=[first, first + vocab.num_speech_rows], train_head_bias=has_bias, **body)
 
 
 def cosyvoice_state_to_hf(sd: dict, vocab: SpeechVocab) -> tuple[dict, dict]:
@@ -61,7 +61,7 @@ def cosyvoice_state_to_hf(sd: dict, vocab: SpeechVocab) -> tuple[dict, dict]:
     if text_embed.shape[0] < T:
         raise ValueError(f"text embedding has {text_embed.shape[0]} rows but the tokenizer has {T} tokens")
     hidden = text_embed.shape[1]
-    decoder_w = sd["llm_decoder.weight"]
+    decoder_w, decoder_b = sd["llm_decoder.weight"], sd.get("llm_decoder.bias")
     if sd["speech_embedding.weight"].shape[0] != rows or decoder_w.shape[0] != rows:
         raise ValueError(
             f"{vocab.family}: expected {rows} speech rows, got speech_embedding "
@@ -76,8 +76,9 @@ def cosyvoice_state_to_hf(sd: dict, vocab: SpeechVocab) -> tuple[dict, dict]:
         embed[vocab.task_id_token_id] = sd["llm_embedding.weight"][1]
     head = torch.zeros(vocab.vocab_size, hidden, dtype=decoder_w.dtype)
     head[T:T + rows] = decoder_w
-    hf["model.embed_tokens.weight"] = embed
-    hf["lm_head.weight"] = head
+    bias = torch.full((vocab.vocab_size,), MASKED_LOGIT, dtype=decoder_w.dtype)
+    bias[T:T + rows] = 0.0 if decoder_b is None else decoder_b
+    hf.update({"model.embed_tokens.weight": embed, "lm_head.weight": head, "lm_head.bias": bias})
 
     qwen_head = sd.get(QWEN_HEAD_KEY)
     extra = {
@@ -86,19 +87,16 @@ def cosyvoice_state_to_hf(sd: dict, vocab: SpeechVocab) -> tuple[dict, dict]:
         "qwen_head_tied": qwen_head is not None and torch.equal(qwen_head, text_embed),
         "qwen_head": None if qwen_head is None or torch.equal(qwen_head, text_embed) else qwen_head.clone(),
         "has_qwen_head": qwen_head is not None,
-        "decoder_weight": decoder_w.clone(),                  # original head, restored by `delta` export
-        "decoder_bias": sd.get("llm_decoder.bias"),
-        "converted_head_rows": None,                          # filled after the bias decision
+        "has_decoder_bias": decoder_b is not None,
+        "dtype": str(decoder_w.dtype).removeprefix("torch."),
         "key_order": list(sd.keys()),
     }
     return hf, extra
 
 
-def save_hf_model(hf_sd: dict, config, out_dir: Path) -> None:
-    from transformers import Qwen2ForCausalLM
-
+def save_hf_model(hf_sd: dict, config: CosyVoiceLMConfig, out_dir: Path) -> None:
     with torch.device("meta"):
-        model = Qwen2ForCausalLM(config)
+        model = CosyVoiceLMForCausalLM(config)
     model.load_state_dict(hf_sd, strict=True, assign=True)
     model.save_pretrained(out_dir)
 
@@ -112,20 +110,16 @@ def write_generation_config(out_dir: Path, vocab: SpeechVocab, pad_token_id: int
     ).save_pretrained(out_dir)
 
 
-def cosyvoice_to_hf(cosyvoice_dir: str | Path, out_dir: str | Path, bias_mode: str = "auto",
-                    calibration_texts: list[str] | None = None, calibration_samples: int = 64,
-                    seed: int = 0) -> dict:
-    """Convert a CosyVoice2/3 model directory's LLM to an HF directory; returns the conversion report."""
-    from grpo.model import lm_head_bias
-
+def cosyvoice_to_hf(cosyvoice_dir: str | Path, out_dir: str | Path) -> dict:
+    """Convert a CosyVoice2/3 model directory's LLM to an HF directory; returns what was converted."""
     cosyvoice_dir, out_dir = Path(cosyvoice_dir), Path(out_dir)
     blank_dir = cosyvoice_dir / "CosyVoice-BlankEN"
     sd = load_cosyvoice_llm(cosyvoice_dir)
     family = detect_family(sd)
-    speech_token_size = sd["speech_embedding.weight"].shape[0] - (3 if family == "cosyvoice2" else 200)
+    speech_token_size = sd["speech_embedding.weight"].shape[0] - EXTRA_SPEECH_ROWS[family]
     tokenizer, vocab = build_hf_tokenizer(blank_dir, family, speech_token_size)
     hf_sd, extra = cosyvoice_state_to_hf(sd, vocab)
-    config = _hf_config(blank_dir, vocab, hf_sd["lm_head.weight"].dtype)
+    config = hf_config(blank_dir, vocab, hf_sd["lm_head.weight"].dtype, extra["has_decoder_bias"])
 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -134,22 +128,19 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, out_dir: str | Path, bias_mode: s
     tokenizer.save_pretrained(tmp)
     vocab.save(tmp)
     write_generation_config(tmp, vocab, tokenizer.pad_token_id)
-
-    report = lm_head_bias.apply(tmp, vocab, extra, tokenizer, bias_mode,
-                                calibration_texts or [], calibration_samples, seed)
-    report.update(family=family, source=str(cosyvoice_dir), text_vocab_size=vocab.text_vocab_size,
-                  speech_token_size=vocab.speech_token_size, vocab_size=vocab.vocab_size)
     torch.save(extra, tmp / EXTRA_FILE)
-    (tmp / "conversion_report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
-    (tmp / "conversion_report.md").write_text(lm_head_bias.report_markdown(report), encoding="utf-8")
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    log.info("HF model written to %s (bias: %s)", out_dir, report["chosen"])
-    return report
+    summary = {"family": family, "source": str(cosyvoice_dir), "text_vocab_size": vocab.text_vocab_size,
+               "speech_token_size": vocab.speech_token_size, "vocab_size": vocab.vocab_size,
+               "decoder_bias": extra["has_decoder_bias"]}
+    log.info("HF model written to %s (%s, exact speech head%s)", out_dir, family,
+             " with llm_decoder's bias" if extra["has_decoder_bias"] else ", bias-free")
+    return summary
 
 
-def hf_to_cosyvoice_state(hf_dir: str | Path, head: str = "delta") -> dict[str, torch.Tensor]:
-    """Build CosyVoice's llm.pt state dict from an HF dir written by `cosyvoice_to_hf` (maybe trained)."""
+def hf_to_cosyvoice_state(hf_dir: str | Path) -> dict[str, torch.Tensor]:
+    """CosyVoice's llm.pt state dict from an HF dir written by `cosyvoice_to_hf` (maybe trained, maybe bf16)."""
     from safetensors.torch import load_file
 
     hf_dir = Path(hf_dir)
@@ -157,18 +148,18 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, head: str = "delta") -> dict[str, 
     extra_path = hf_dir / EXTRA_FILE
     if not extra_path.exists():
         raise FileNotFoundError(f"{extra_path} missing: it is written by the conversion and must travel with the model")
-    extra = torch.load(extra_path, map_location="cpu", weights_only=False)
+    extra = torch.load(extra_path, map_location="cpu", weights_only=True)
     hf = {}
     for shard in sorted(hf_dir.glob("*.safetensors")):
         hf.update(load_file(shard))
+    if "lm_head.bias" not in hf:
+        raise ValueError(f"{hf_dir}: no lm_head.bias; not a {ARCHITECTURE} checkpoint (convert again with stage -1)")
     T, rows = vocab.text_vocab_size, vocab.num_speech_rows
-    embed, lm_head = hf["model.embed_tokens.weight"], hf["lm_head.weight"]
-    dtype = extra["decoder_weight"].dtype
+    dtype = getattr(torch, extra["dtype"])
+    embed = hf["model.embed_tokens.weight"]
 
-    sd = {}
-    for k, v in hf.items():
-        if k.startswith("model.") and k != "model.embed_tokens.weight":
-            sd["llm.model." + k] = v.to(dtype)
+    sd = {"llm.model." + k: v.to(dtype) for k, v in hf.items()
+          if k.startswith("model.") and k != "model.embed_tokens.weight"}
     text_embed = torch.cat([embed[:T].to(dtype), extra["text_embed_padding"]], dim=0)
     sd[BODY_PREFIX + "embed_tokens.weight"] = text_embed
     if extra["has_qwen_head"]:
@@ -176,30 +167,21 @@ def hf_to_cosyvoice_state(hf_dir: str | Path, head: str = "delta") -> dict[str, 
     sd["speech_embedding.weight"] = embed[T:T + rows].to(dtype).clone()
     if vocab.family == "cosyvoice2":
         sd["llm_embedding.weight"] = torch.stack([embed[vocab.sos_token_id], embed[vocab.task_id_token_id]]).to(dtype)
-    trained_rows = lm_head[T:T + rows]
-    if head == "delta":
-        # original head + what training changed: the converted rows rounded to the trained dtype (so untouched
-        # rows add exactly 0, and an untrained model comes back bit for bit), the difference taken in fp32
-        # (exact for two bf16 values; a bf16 subtraction would round the change itself)
-        change = trained_rows.float() - extra["converted_head_rows"].to(trained_rows.dtype).float()
-        sd["llm_decoder.weight"] = extra["decoder_weight"] + change.to(dtype)
-        if extra["decoder_bias"] is not None:
-            sd["llm_decoder.bias"] = extra["decoder_bias"].clone()
-    elif head == "functional":
-        # exactly the HF policy: bias zero, head rows as trained
-        sd["llm_decoder.weight"] = trained_rows.to(dtype).clone()
-        if extra["decoder_bias"] is not None:
-            sd["llm_decoder.bias"] = torch.zeros_like(extra["decoder_bias"])
-    else:
-        raise ValueError(f"unknown head mode {head!r}; expected 'delta' or 'functional'")
+    sd["llm_decoder.weight"] = hf["lm_head.weight"][T:T + rows].to(dtype).clone()
+    bias = hf["lm_head.bias"][T:T + rows]
+    if extra["has_decoder_bias"]:
+        sd["llm_decoder.bias"] = bias.to(dtype).clone()
+    elif bias.abs().max() > 0:
+        raise ValueError(f"{hf_dir}: the source llm_decoder has no bias, but the head's bias rows are nonzero "
+                         "(was train_head_bias turned on?); llm.pt cannot hold them")
     return {k: sd[k] for k in extra["key_order"]}
 
 
-def hf_to_cosyvoice(hf_dir: str | Path, out_path: str | Path, head: str = "delta") -> Path:
+def hf_to_cosyvoice(hf_dir: str | Path, out_path: str | Path) -> Path:
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
-    torch.save(hf_to_cosyvoice_state(hf_dir, head), tmp)
+    torch.save(hf_to_cosyvoice_state(hf_dir), tmp)
     tmp.replace(out_path)
-    log.info("CosyVoice llm.pt written to %s (head: %s)", out_path, head)
+    log.info("CosyVoice llm.pt written to %s", out_path)
     return out_path

@@ -28,7 +28,7 @@ def check_loads(model_dir: Path) -> None:
     llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)
 
 
-def export_one(hf_dir: Path, source_dir: Path, out: Path, head: str, copy: bool) -> Path:
+def export_one(hf_dir: Path, source_dir: Path, out: Path, copy: bool) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -39,7 +39,7 @@ def export_one(hf_dir: Path, source_dir: Path, out: Path, head: str, copy: bool)
             (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, tmp / entry.name)
         else:
             os.symlink(entry.resolve(), tmp / entry.name)
-    hf_to_cosyvoice(hf_dir, tmp / "llm.pt", head)
+    hf_to_cosyvoice(hf_dir, tmp / "llm.pt")
     if (source_dir / "cosyvoice2.yaml").exists():
         check_loads(tmp)
     shutil.rmtree(out, ignore_errors=True)
@@ -51,6 +51,6 @@ def run(cfg: DictConfig) -> int:
     x = cfg.export
     source = Path(cfg.model.cosyvoice_dir)
     for name, hf_dir in select_checkpoints(cfg, x.checkpoints).items():
-        out = export_one(hf_dir, source, Path(x.out_dir) / name, x.head, x.copy)
+        out = export_one(hf_dir, source, Path(x.out_dir) / name, x.copy)
         log.info("%s -> %s (llm.pt loads strictly into CosyVoice's Qwen2LM)", name, out)
     return 0

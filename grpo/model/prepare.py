@@ -3,7 +3,7 @@
 - profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.model.tiny),
   the synthetic codebook, seeded prompt speakers, and warm-start the LLM on codebook targets.
 - profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B and SenseVoiceSmall.
-Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.model.convert), with the bias report beside it.
+Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.model.convert: exact, CosyVoice's biased head included).
 """
 
 from __future__ import annotations
@@ -102,9 +102,7 @@ def download(cfg: DictConfig) -> None:
 def convert(cfg: DictConfig) -> dict:
     from grpo.model.convert import cosyvoice_to_hf
 
-    texts = [r["text"] for r in _read_rows([cfg.data.train_file])]
-    return cosyvoice_to_hf(resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.hf_dir),
-                           cfg.model.bias_mode, texts, cfg.model.calibration_samples, cfg.seed)
+    return cosyvoice_to_hf(resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.hf_dir))
 
 
 def run(cfg: DictConfig) -> int:
@@ -114,7 +112,5 @@ def run(cfg: DictConfig) -> int:
         download(cfg)
     else:
         raise ValueError(f"model.source must be tiny or modelscope, got {cfg.model.source!r}")
-    report = convert(cfg)
-    log.info("conversion: bias %s -> %s; report in %s/conversion_report.md",
-             report["bias"], report["chosen"], cfg.model.hf_dir)
+    convert(cfg)
     return 0

@@ -1,7 +1,8 @@
 """One GRPO update on a batch of rollouts, with verl's own algorithm functions (core_algos).
 
 Tensors follow verl's layout: prompts left-padded to P, responses right-padded to R; log-probs,
-advantages and masks are (N, R). Log-probs are normalised over the full vocabulary, as in verl's actor.
+advantages and masks are (N, R). Log-probs are normalised over the full vocabulary, as in verl's actor;
+with CosyVoiceLMForCausalLM's masked head that is exactly the distribution rollouts sample from.
 """
 
 from __future__ import annotations
@@ -63,27 +64,18 @@ def response_logits(model, batch: RolloutBatch) -> torch.Tensor:
     return out.logits[:, P - 1:P - 1 + R].float()
 
 
-MASKED_LOGIT = -1e9   # finite: exp() is exactly 0 and 0 * logit stays 0 in the entropy
-
-
-def log_probs(model, batch: RolloutBatch, with_entropy: bool = False, allowed: torch.Tensor | None = None,
-              restrict: bool = False):
-    """Log-probs of the response tokens; with `with_entropy` also per-token entropy and (given the `allowed`
-    vocabulary mask) the probability the full-vocabulary softmax puts on ids that are never sampled.
-    `restrict` normalises over the allowed ids (the exact sampling policy) instead of the full vocabulary
-    (what verl's actor does)."""
+def log_probs(model, batch: RolloutBatch, with_entropy: bool = False, allowed: torch.Tensor | None = None):
+    """Log-probs of the response tokens over the full vocabulary; with `with_entropy` also per-token entropy
+    and (given the `allowed` vocabulary mask) the probability on ids outside it, which the masked speech head
+    keeps at exactly 0 (logged as `non_speech_mass`, a check that the head is the exact one)."""
     logits = response_logits(model, batch)
-    masked = logits.masked_fill(~allowed.to(logits.device), MASKED_LOGIT) if allowed is not None else None
-    leak = None
-    if with_entropy and masked is not None:
-        leak = 1 - (torch.logsumexp(masked, -1) - torch.logsumexp(logits, -1)).exp()
-    if restrict:
-        if masked is None:
-            raise ValueError("restrict=True needs the allowed-token mask")
-        logits = masked
     logp = verl_F.logprobs_from_logits(logits, batch.responses)
     if not with_entropy:
         return logp, None, None
+    leak = None
+    if allowed is not None:   # P(outside) = exp(logsumexp over the other ids - logsumexp over all): no cancellation
+        outside = logits.masked_fill(allowed.to(logits.device), float("-inf"))
+        leak = (torch.logsumexp(outside, -1) - torch.logsumexp(logits, -1)).exp()
     return logp, verl_F.entropy_from_logits(logits), leak
 
 
@@ -105,10 +97,9 @@ def actor_config(train_cfg) -> ActorConfig:
                        kl_loss_coef=train_cfg.kl_loss_coef, kl_loss_type=train_cfg.kl_loss_type)
 
 
-def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig, allowed=None,
-                restrict: bool = False):
+def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig, allowed=None):
     """verl's actor loss: clipped policy gradient (+ KL to the reference when use_kl_loss) (- entropy bonus)."""
-    logp, entropy, leak = log_probs(model, batch, with_entropy=True, allowed=allowed, restrict=restrict)
+    logp, entropy, leak = log_probs(model, batch, with_entropy=True, allowed=allowed)
     mask = batch.response_mask
     old = logp.detach() if old_logp is None else old_logp
     pg_loss, pg_metrics = core_algos.compute_policy_loss_vanilla(old, logp, advantages, mask, cfg.loss_agg_mode,

@@ -21,8 +21,7 @@ from grpo.model.speech_vocab import SPEECH_TOKENS_FILE
 STATE_FILE = "trainer_state.pt"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 # files of the converted base model that every checkpoint carries along
-# (the conversion_calibration.json inputs stay with the base model)
-CARRIED_FILES = (SPEECH_TOKENS_FILE, EXTRA_FILE, "conversion_report.json", "conversion_report.md")
+CARRIED_FILES = (SPEECH_TOKENS_FILE, EXTRA_FILE)
 
 
 def rng_state() -> dict:

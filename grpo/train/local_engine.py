@@ -45,7 +45,7 @@ def load_records(path: str | Path) -> list[dict]:
 
 class LocalGRPOTrainer:
     def __init__(self, cfg: DictConfig):
-        from transformers import AutoTokenizer, Qwen2ForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg, t = cfg, cfg.train
         self.out_dir = Path(t.out_dir)
@@ -57,10 +57,10 @@ class LocalGRPOTrainer:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.vocab = SpeechVocab.load(model_dir)
-        self.model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).train()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).train()
         self.ref = None
         if t.use_kl_loss or t.kl_metric:
-            self.ref = Qwen2ForCausalLM.from_pretrained(self.base_dir, dtype=torch.float32).to(device).eval()
+            self.ref = AutoModelForCausalLM.from_pretrained(self.base_dir, dtype=torch.float32).to(device).eval()
             self.ref.requires_grad_(False)
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         warmup = max(1, t.warmup_steps)
@@ -85,9 +85,6 @@ class LocalGRPOTrainer:
         else:
             raise ValueError(f"train.rollout.backend must be vllm or transformers, got {t.rollout.backend!r}")
         self.actor_cfg = actor_config(t)
-        if t.logprob_normalization not in ("allowed", "full"):
-            raise ValueError(f"train.logprob_normalization must be allowed or full, got {t.logprob_normalization!r}")
-        self.restrict = t.logprob_normalization == "allowed"
         self.allowed = self.vocab.allowed_mask()
         self.reward_kwargs = reward_kwargs(cfg)
         self.loop = asyncio.new_event_loop()
@@ -161,7 +158,7 @@ class LocalGRPOTrainer:
         return metrics
 
     def _logp(self, model, batch):
-        return log_probs(model, batch, allowed=self.allowed, restrict=self.restrict)[0]
+        return log_probs(model, batch)[0]
 
     def _update(self, batch) -> dict:
         t = self.cfg.train
@@ -180,7 +177,7 @@ class LocalGRPOTrainer:
                 loss, m = policy_loss(self.model, mb, advantages[rows],
                                       None if old_logp is None else old_logp[rows],
                                       None if ref_logp is None else ref_logp[rows], self.actor_cfg,
-                                      self.allowed, self.restrict)
+                                      self.allowed)
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
                 m["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip).item()

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from grpo.train.local_checkpoint import CARRIED_FILES
 from grpo.config import REPO_ROOT
+from grpo.model.cosyvoice_lm import ARCHITECTURE
 from grpo.model.speech_vocab import CHAT_TEMPLATE, SpeechVocab
 
 log = logging.getLogger(__name__)
@@ -36,13 +37,16 @@ def validate(model_dir: Path) -> None:
 
     vocab = SpeechVocab.load(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
+    if list(config.architectures or []) != [ARCHITECTURE]:
+        raise ValueError(f"{model_dir}: architectures {config.architectures}, expected [{ARCHITECTURE}] "
+                         "(a model converted by an older version: run stage -1 again)")
     if config.vocab_size != vocab.vocab_size:
         raise ValueError(f"{model_dir}: config vocab_size {config.vocab_size} != speech_tokens.json {vocab.vocab_size}")
     shapes = {}
     for shard in model_dir.glob("*.safetensors"):
         with safe_open(shard, "pt") as f:
             shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+    for key in ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"):
         if shapes.get(key, (None,))[0] != vocab.vocab_size:
             raise ValueError(f"{model_dir}: {key} has shape {shapes.get(key)}, expected {vocab.vocab_size} rows")
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -61,8 +65,9 @@ def carry_files(base: Path, target: Path) -> None:
 def merge_verl_step(actor_dir: Path, target: Path, base: Path) -> Path:
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-           "--local_dir", str(actor_dir), "--target_dir", str(tmp)]
+    # `python -m verl.model_merger`, with CosyVoiceLMForCausalLM registered first (import grpo.model)
+    cmd = [sys.executable, "-c", "import grpo.model; from verl.model_merger.__main__ import main; main()",
+           "merge", "--backend", "fsdp", "--local_dir", str(actor_dir), "--target_dir", str(tmp)]
     log.info("merging %s", actor_dir)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:

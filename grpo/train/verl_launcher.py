@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo.train.verl_agent_loop import AGENT_NAME, agent_loop_yaml
+from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
 from grpo.config import REPO_ROOT
 from grpo.train.reward_fn import reward_kwargs
 
@@ -44,8 +44,6 @@ def build_overrides(cfg: DictConfig) -> list[str]:
                          "no way to drop a sample, and a placeholder score would train on a made-up reward")
     out_dir = Path(t.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    agent_yaml = out_dir / "agent_loop.yaml"
-    agent_yaml.write_text(agent_loop_yaml())
     data_dir = Path(cfg.data.out_dir)
     o = {
         "algorithm.adv_estimator": "grpo",
@@ -61,6 +59,8 @@ def build_overrides(cfg: DictConfig) -> list[str]:
         "data.filter_overlong_prompts": True,
         "data.seed": cfg.seed,
         "actor_rollout_ref.model.path": str(Path(cfg.model.hf_dir)),
+        # registers CosyVoiceLMForCausalLM with transformers in every worker (grpo/model/cosyvoice_lm.py)
+        "actor_rollout_ref.model.external_lib": "grpo.model",
         "actor_rollout_ref.actor.optim.lr": t.lr,
         "actor_rollout_ref.actor.optim.lr_warmup_steps": t.warmup_steps,
         "actor_rollout_ref.actor.optim.weight_decay": t.weight_decay,
@@ -86,7 +86,7 @@ def build_overrides(cfg: DictConfig) -> list[str]:
         "actor_rollout_ref.rollout.gpu_memory_utilization": v.rollout_gpu_memory_utilization,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(agent_yaml),
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(AGENT_LOOP_CONFIG),
         "reward.custom_reward_function.path": str(REPO_ROOT / "grpo" / "train" / "reward_fn.py"),
         "reward.custom_reward_function.name": "compute_score",
         "trainer.total_training_steps": t.total_steps,
