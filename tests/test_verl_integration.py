@@ -28,6 +28,7 @@ def test_overrides_compose_in_verls_own_config(tiny_cfg):
     assert a.rollout.agent.default_agent_loop == "speech_token_agent"
     assert a.model.path == cfg.model.hf_dir and job.trainer.n_gpus_per_node == 4
     assert a.model.external_lib == "grpo.model"          # registers CosyVoiceLMForCausalLM in every worker
+    assert a.model.use_fused_kernels is False and a.actor.use_fused_kernels is False   # they would skip the bias
     assert job.trainer.resume_mode == "auto"
     rf = job.reward.custom_reward_function
     assert rf.path.endswith("grpo/train/reward_fn.py") and rf.name == "compute_score"

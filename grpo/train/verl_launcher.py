@@ -61,6 +61,8 @@ def build_overrides(cfg: DictConfig) -> list[str]:
         "actor_rollout_ref.model.path": str(Path(cfg.model.hf_dir)),
         # registers CosyVoiceLMForCausalLM with transformers in every worker (grpo/model/cosyvoice_lm.py)
         "actor_rollout_ref.model.external_lib": "grpo.model",
+        # verl's fused kernels compute logits from lm_head.weight alone: they would drop the head's bias and mask
+        "actor_rollout_ref.model.use_fused_kernels": False,
         "actor_rollout_ref.actor.optim.lr": t.lr,
         "actor_rollout_ref.actor.optim.lr_warmup_steps": t.warmup_steps,
         "actor_rollout_ref.actor.optim.weight_decay": t.weight_decay,
