@@ -122,6 +122,14 @@ def test_full_vocabulary_log_probs_are_the_sampling_policy(tiny_policy):
     torch.testing.assert_close(full, expected, rtol=0, atol=1e-5)
     assert torch.all(leak == 0)
     assert torch.all(entropy >= 0) and torch.isfinite(entropy).all()
+    # the leak check itself sees an unmasked head: the mass outside, summed by hand from the softmax
+    unmasked = AutoModelForCausalLM.from_pretrained(tok.name_or_path, dtype=torch.float32)
+    with torch.no_grad():
+        unmasked.lm_head.bias[~allowed] = 0.0
+        _, _, leak = log_probs(unmasked, batch, with_entropy=True, allowed=allowed)
+        by_hand = response_logits(unmasked, batch).softmax(-1)[..., ~allowed].sum(-1)
+    assert torch.all(leak > 1e-3)
+    torch.testing.assert_close(leak, by_hand, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("backend", ["transformers", "vllm"])
