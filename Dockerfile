@@ -22,7 +22,9 @@ RUN python3 -m venv /opt/venv && pip install --upgrade pip==26.3
 WORKDIR /workspace/cosyvoice-grpo
 COPY requirements/ requirements/
 RUN pip install -r requirements/gpu.txt -r requirements/common.txt \
-    && pip install --no-deps -r requirements/nodeps.txt
+    && pip install --no-deps -r requirements/nodeps.txt \
+    && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
+    && rm -rf "$site/tests" "$site/recipe" "$site/scripts" "$site/tutorial"
 
 COPY . .
 # run.sh looks for a set-up venv at $VENV; this image's venv is complete

@@ -142,9 +142,36 @@ def write_parquet(records: list[dict], out_path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def prepare(cfg: DictConfig, min_train_rows: int = 1) -> dict[str, Path]:
+def check_speech_budget(rows: list[dict], path: str, cfg: DictConfig, max_speech_tokens: int | None
+                        ) -> tuple[list[dict], list[Problem]]:
+    """Lines whose estimated speech (characters x data.speech_tokens_per_char) exceeds the response budget:
+    data.long_text = warn (kept, logged), drop (left out, logged) or error (reported as problems)."""
+    if not max_speech_tokens:
+        return rows, []
+    policy = cfg.long_text
+    if policy not in ("warn", "drop", "error"):
+        raise ValueError(f"data.long_text must be warn, drop or error, got {policy!r}")
+    rate = cfg.speech_tokens_per_char
+    long = [r for r in rows if len(r["text"]) * rate.get(r["language"], max(rate.values())) > max_speech_tokens]
+    if not long:
+        return rows, []
+    what = (f"{len(long)} line(s) of {Path(path).name} likely need more than train.max_response_tokens="
+            f"{max_speech_tokens} speech tokens (first at line {long[0]['line']})")
+    if policy == "error":
+        return rows, [Problem(path, r["line"], f"{len(r['text'])} characters: estimated speech longer than "
+                                                f"train.max_response_tokens={max_speech_tokens}") for r in long]
+    if policy == "drop":
+        log.warning("%s: left out (data.long_text=drop)", what)
+        ids = {id(r) for r in long}
+        return [r for r in rows if id(r) not in ids], []
+    log.warning("%s: rollouts will truncate them (data.long_text=warn; drop or error to change that)", what)
+    return rows, []
+
+
+def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | None = None) -> dict[str, Path]:
     """Validate every input file first, then write all parquet files (or none). The training split must hold
-    at least `min_train_rows` prompts (one batch: train.batch_size), or no step could ever run."""
+    at least `min_train_rows` prompts (one batch: train.batch_size), or no step could ever run; lines longer
+    than the response budget are handled by `check_speech_budget`."""
     splits = {"train": cfg.train_file, "val": cfg.val_file}
     all_records, problems, outputs = {}, [], {}
     for split, file in splits.items():
@@ -156,7 +183,8 @@ def prepare(cfg: DictConfig, min_train_rows: int = 1) -> dict[str, Path]:
             continue
         rows, bad = read_jsonl(path, cfg)
         rows, dup_problems, n_dup = check_duplicates(rows, str(path), cfg.duplicates)
-        problems += bad + dup_problems
+        rows, long_problems = check_speech_budget(rows, str(path), cfg, max_speech_tokens)
+        problems += bad + dup_problems + long_problems
         if n_dup:
             log.info("%s: %d duplicate text(s) (%s)", path.name, n_dup, cfg.duplicates)
         if not rows and not bad:
@@ -177,7 +205,7 @@ def prepare(cfg: DictConfig, min_train_rows: int = 1) -> dict[str, Path]:
 
 def run(cfg: DictConfig) -> int:
     try:
-        prepare(cfg.data, min_train_rows=cfg.train.batch_size)
+        prepare(cfg.data, min_train_rows=cfg.train.batch_size, max_speech_tokens=cfg.train.max_response_tokens)
     except DataError as exc:
         log.error("data stage failed, nothing written. %s", exc)
         return 1

@@ -7,6 +7,9 @@ REQUIRED = [
     "torch", "transformers", "verl.trainer.ppo.core_algos", "vllm", "ray.serve", "funasr",
     "cosyvoice.llm.llm", "cosyvoice.flow.flow", "cosyvoice.hifigan.generator", "hyperpyyaml",
     "wetext", "pypinyin", "jiwer", "datasets", "hydra", "httpx", "sentencepiece", "torchaudio",
+    # what verl's main_ppo (v1 task runner) imports: a missing one fails here, not on a cluster
+    "transfer_queue", "verl.trainer.main_ppo", "verl.trainer.ppo.v1", "verl.experimental.agent_loop",
+    "verl.model_merger.fsdp_model_merger", "grpo.train.verl_agent_loop",
 ]
 
 

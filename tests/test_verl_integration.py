@@ -1,7 +1,7 @@
-"""The cluster engine, checked as far as a CPU allows: verl composes our overrides, verl's own reward
-manager calls our compute_score, and our agent loop hands vLLM the allowed token ids."""
-
+"""The cluster engine's wiring: verl composes our overrides (the CPU ones on this machine), verl's own reward
+manager calls our compute_score, and our agent loop hands vLLM the end-of-speech stop ids."""
 import asyncio
+import json
 import random
 
 import numpy as np
@@ -14,25 +14,44 @@ from reward_server.codebook import Codebook
 from reward_server.scoring import reward_from_error_rate, text_to_units, units_error_rate
 
 
-def test_overrides_compose_in_verls_own_config(tiny_cfg):
-    cfg = tiny_cfg("train.engine=verl", "train.n=6", "train.clip_ratio_high=0.3", "train.filter_groups=true",
-                   "train.verl.n_gpus_per_node=4", "reward.auth_token=tok")
-    proc = verl_launcher.compose_check(verl_launcher.command(cfg))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def composed(cfg, cpu: bool):
     from omegaconf import OmegaConf
 
-    job = OmegaConf.create(proc.stdout)
+    proc = verl_launcher.compose_check(verl_launcher.command(cfg, cpu=cpu))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return OmegaConf.create(proc.stdout)
+
+
+def test_overrides_compose_in_verls_own_config(tiny_cfg):
+    cfg = tiny_cfg("train.engine=verl", "train.n=6", "train.clip_ratio_high=0.3", "train.filter_groups=true",
+                   "train.verl.n_gpus_per_node=4", "reward.auth_token=tok", "train.total_steps=200",
+                   "train.batch_size=64", "train.grad_clip=0.7")
+    job = composed(cfg, cpu=False)
     a = job.actor_rollout_ref
     assert job.algorithm.adv_estimator == "grpo" and job.algorithm.filter_groups.enable is True
     assert a.rollout.name == "vllm" and a.rollout.n == 6 and a.actor.clip_ratio_high == 0.3
     assert a.rollout.agent.default_agent_loop == "speech_token_agent"
-    assert a.model.path == cfg.model.hf_dir and job.trainer.n_gpus_per_node == 4
+    assert a.model.path == cfg.model.hf_dir and job.trainer.n_gpus_per_node == 4 and job.trainer.device == "cuda"
     assert a.model.external_lib == "grpo.model"          # registers CosyVoiceLMForCausalLM in every worker
     assert a.model.use_fused_kernels is False and a.actor.use_fused_kernels is False   # they would skip the bias
+    assert a.model.override_config.attn_implementation == "sdpa" and a.model.use_remove_padding is False
+    assert a.actor.optim.clip_grad == 0.7                 # what verl's engine clips with (actor.grad_clip is unread)
+    assert a.actor.strategy == "fsdp2" and a.ref.strategy == "fsdp2"
+    # 173 training lines / batch 64 = 2 batches an epoch: 100 epochs, so that the 200 steps decide
+    assert job.trainer.total_training_steps == 200 and job.trainer.total_epochs == 100
     assert job.trainer.resume_mode == "auto"
     rf = job.reward.custom_reward_function
     assert rf.path.endswith("grpo/train/reward_fn.py") and rf.name == "compute_score"
     assert rf.reward_kwargs.url == cfg.reward.url and rf.reward_kwargs.auth_token == "tok"
+    assert rf.reward_kwargs.failure_log.endswith("reward_failures.jsonl")
+
+
+def test_cpu_overrides_compose_too(tiny_cfg):
+    job = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=True)
+    assert job.trainer.device == "cpu" and job.trainer.n_gpus_per_node == 1
+    assert job.ray_kwargs.ray_init.num_gpus == 1 and job.ray_kwargs.ray_init.address == "local"
+    assert job.actor_rollout_ref.rollout.enable_sleep_mode is False and job.reward.num_workers == 1
+    assert job.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
 
 
 def test_unknown_key_fails_composition(tiny_cfg):
@@ -90,19 +109,23 @@ def test_reward_function_through_verls_reward_manager(tiny_cfg, synthetic_server
     assert tok.decode(response, skip_special_tokens=True) == format_speech_tokens(speech)
 
 
-def test_no_speech_and_server_failure_are_never_a_silent_zero():
+def test_no_speech_and_server_failure_are_never_a_silent_zero(tmp_path):
     from grpo.train.reward_fn import compute_score
     from reward_server.client import RewardServerError
     from conftest import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    no_speech = asyncio.run(compute_score("d", "", "你好", {}, url=url, no_speech_reward=-1.0))
-    assert no_speech["score"] == -1.0 and no_speech["no_speech"] == 1
+    log = tmp_path / "failures.jsonl"
+    no_speech = asyncio.run(compute_score("d", "", "你好", {}, url=url, no_speech_reward=-1.0, failure_log=str(log)))
+    assert no_speech["score"] == -1.0 and no_speech["no_speech"] == 1 and not log.exists()
     with pytest.raises(RewardServerError):
-        asyncio.run(compute_score("d", "<|s_1|>", "你好", {}, url=url, retries=1, backoff_s=0.01))
-    excluded = asyncio.run(compute_score("d", "<|s_1|>", "你好", {}, url=url, retries=1, backoff_s=0.01,
-                                         on_failure="exclude"))
+        asyncio.run(compute_score("d", "<|s_1|>", "你好", {"sample_id": "a"}, url=url, retries=1, backoff_s=0.01,
+                                  failure_log=str(log)))
+    excluded = asyncio.run(compute_score("d", "<|s_1|>", "你好", {"sample_id": "b"}, url=url, retries=1,
+                                         backoff_s=0.01, on_failure="exclude", failure_log=str(log)))
     assert excluded["reward_failed"] == 1
+    # every failure is on record for the verl launcher, which stops main_ppo on it (verl would drop the group)
+    assert [json.loads(line)["id"] for line in log.read_text().splitlines()] == ["a", "b"]
 
 
 def test_agent_loop_passes_the_stop_ids_to_vllm(tiny_cfg):

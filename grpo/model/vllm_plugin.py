@@ -11,6 +11,8 @@ Weight loading, and so the trainer -> vLLM weight sync, carries `lm_head.bias` w
 
 from __future__ import annotations
 
+import os
+
 from vllm import ModelRegistry
 from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -35,3 +37,7 @@ def register() -> None:
     """The `vllm.general_plugins` entry point; vLLM may call it more than once per process."""
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, CosyVoiceLMForCausalLM)
+    if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":   # verl's CPU run (grpo/train/verl_cpu.py)
+        from grpo.train.verl_cpu import patch_vllm_keep_linear_weights
+
+        patch_vllm_keep_linear_weights()

@@ -9,6 +9,7 @@ Every result is checked: config, tokenizer, speech-token layout and weight shape
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -46,6 +47,8 @@ def validate(model_dir: Path) -> None:
     for shard in model_dir.glob("*.safetensors"):
         with safe_open(shard, "pt") as f:
             shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    if config.eos_token_id not in vocab.stop_token_ids:
+        raise ValueError(f"{model_dir}: eos_token_id {config.eos_token_id} is not an end-of-speech id {vocab.stop_token_ids}")
     for key in ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"):
         if shapes.get(key, (None,))[0] != vocab.vocab_size:
             raise ValueError(f"{model_dir}: {key} has shape {shapes.get(key)}, expected {vocab.vocab_size} rows")
@@ -57,9 +60,22 @@ def validate(model_dir: Path) -> None:
 
 
 def carry_files(base: Path, target: Path) -> None:
-    for name in CARRIED_FILES + TOKENIZER_FILES:
+    for name in CARRIED_FILES + TOKENIZER_FILES + ("generation_config.json",):
         if (base / name).exists():
             shutil.copy2(base / name, target / name)
+
+
+def restore_special_ids(base: Path, target: Path) -> None:
+    """verl saves the config with the text tokenizer's ids (eos = pad = <|endoftext|>, no bos): put back the
+    converted model's end-of-speech eos, sos bos and pad, so that generation stops where CosyVoice stops."""
+    config = json.loads((target / "config.json").read_text())
+    original = json.loads((base / "config.json").read_text())
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        if key in original:
+            config[key] = original[key]
+        else:
+            config.pop(key, None)
+    (target / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def merge_verl_step(actor_dir: Path, target: Path, base: Path) -> Path:
@@ -73,6 +89,7 @@ def merge_verl_step(actor_dir: Path, target: Path, base: Path) -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"verl.model_merger failed on {actor_dir}:\n{proc.stderr[-3000:]}")
     carry_files(base, tmp)
+    restore_special_ids(base, tmp)
     validate(tmp)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)

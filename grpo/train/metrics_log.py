@@ -76,3 +76,47 @@ def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
     fig.savefig(out_png, dpi=120)
     plt.close(fig)
     return out_png
+
+
+# verl's metric names -> the local engine's (metrics.jsonl is one format for both engines)
+VERL_METRICS = {
+    "critic/score/mean": "reward_mean",
+    "critic/score/max": "reward_max",
+    "critic/score/min": "reward_min",
+    "response_length/mean": "response_length_mean",
+    "actor/entropy": "entropy",
+    "actor/pg_loss": "pg_loss",
+    "actor/ppo_kl": "ppo_kl",
+    "actor/pg_clipfrac": "pg_clipfrac",
+    "actor/kl_loss": "kl",
+    "actor/grad_norm": "grad_norm",
+    "rollout_corr/kl": "rollout_actor_kl",
+    "timing_s/gen": "time_rollout_s",
+    "timing_s/reward": "time_reward_s",
+    "timing_s/update_actor": "time_update_s",
+    "timing_s/update_weights": "time_sync_s",
+    "perf/time_per_step": "time_step_s",
+}
+
+
+def metrics_from_verl(verl_jsonl: Path) -> list[dict]:
+    """Rows of verl's file logger ({"step", "data"}) in metrics.jsonl's format: the names above, plus every
+    verl metric under its own name. A step logged twice (a resumed run) keeps its last line."""
+    by_step: dict[int, dict] = {}
+    for line in Path(verl_jsonl).read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        data = {k: v for k, v in row["data"].items() if isinstance(v, (int, float))}
+        ours = {new: data[old] for old, new in VERL_METRICS.items() if old in data}
+        errors = [v for k, v in data.items() if k.endswith("/error_rate/mean") and not k.startswith("val")]
+        if errors:
+            ours["error_rate_mean"] = errors[0]
+        by_step[int(row["step"])] = {"step": int(row["step"]), **ours, **data}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def write_metrics(rows: list[dict], out_dir: Path) -> Path:
+    path = Path(out_dir) / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

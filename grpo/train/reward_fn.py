@@ -4,13 +4,19 @@ verl 0.9.1's reward loop awaits `compute_score(data_source, solution_str, ground
 **reward_kwargs)` with the response decoded by `tokenizer.decode(..., skip_special_tokens=True)`,
 so speech tokens arrive as `<|s_N|>` strings. Keys in `reward_kwargs` (set by the launcher from
 `reward.*`): url, timeout_s, retries, backoff_s, max_concurrency, auth_token, batch_wait_s,
-max_items_per_request, no_speech_reward, on_failure. Concurrent calls are sent to the server together
-(reward_server.client).
+max_items_per_request, no_speech_reward, on_failure, failure_log. Concurrent calls are sent to the server
+together (reward_server.client). Every failure (after the client's retries) is also appended to
+`failure_log`: verl's agent loop catches a raising reward per sample and drops the group, so the verl
+launcher watches that file and fails the run (on_failure=raise) instead of training on silently
+shrunken batches.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from pathlib import Path
 
 from grpo.model.speech_vocab import speech_token_strings
 from reward_server.client import ClientConfig, RewardClient, RewardServerError
@@ -19,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _CLIENTS: dict[tuple, RewardClient] = {}
 ON_FAILURE = ("raise", "exclude")
+FAILURE_LOG = "reward_failures.jsonl"     # one line per sample whose reward failed after the client's retries
 
 
 def client_for(**config) -> RewardClient:
@@ -32,7 +39,8 @@ def client_for(**config) -> RewardClient:
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
                         timeout_s: float = 120.0, retries: int = 5, backoff_s: float = 0.5, max_concurrency: int = 64,
                         auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 256,
-                        no_speech_reward: float = 0.0, on_failure: str = "raise", **_ignored) -> dict:
+                        no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
+                        **_ignored) -> dict:
     """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"}."""
     if on_failure not in ON_FAILURE:
         raise ValueError(f"reward.on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
@@ -48,7 +56,9 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
                         max_items_per_request=max_items_per_request)
     try:
         result = await client.score_one(item)
-    except RewardServerError:
+    except RewardServerError as exc:
+        if failure_log:   # the verl launcher watches this file: verl's agent loop would swallow the raise below
+            record_failure(failure_log, item["id"], exc)
         if on_failure == "raise":
             raise
         log.exception("reward failed for sample %s; it is excluded from the update", item["id"])
@@ -58,6 +68,11 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
             "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0}
 
 
+def record_failure(path: str, sample_id: str, exc: Exception) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"time": time.time(), "id": sample_id, "error": f"{type(exc).__name__}: {exc}"[:500]}) + "\n")
+
+
 def reward_kwargs(cfg) -> dict:
     """The keyword arguments compute_score takes, from the root config (reward.*)."""
     r = cfg.reward
@@ -65,4 +80,5 @@ def reward_kwargs(cfg) -> dict:
             "backoff_s": r.client.backoff_s, "max_concurrency": r.client.max_concurrency,
             "batch_wait_s": r.client.batch_wait_s,
             "max_items_per_request": min(r.client.max_items_per_request, r.limits.max_items_per_request),
-            "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure}
+            "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure,
+            "failure_log": str(Path(cfg.train.out_dir) / FAILURE_LOG)}

