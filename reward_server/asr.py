@@ -16,13 +16,16 @@ _SENSEVOICE_TAG = re.compile(r"<\|[^|]*\|>")
 
 
 class ASR(Protocol):
-    def transcribe(self, wavs: list[np.ndarray]) -> list[str]: ...
+    def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]: ...
 
 
 class FunASR:
-    """A funasr model (SenseVoiceSmall, Paraformer-zh) through AutoModel from a local directory."""
+    """A funasr model (SenseVoiceSmall, Paraformer-zh) through AutoModel from a local directory.
 
-    def __init__(self, model_dir: str | Path, device: str = "cpu", language: str = "auto", batch_size: int = 16):
+    `language`: "item" (default) decodes each waveform in its item's language (a batch is split by language),
+    "auto" lets SenseVoice detect it (noisy RL audio then comes back as Cantonese or Japanese), a code fixes it."""
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu", language: str = "item", batch_size: int = 16):
         from funasr import AutoModel
 
         if not Path(model_dir, "config.yaml").exists():
@@ -30,10 +33,21 @@ class FunASR:
         self.model = AutoModel(model=str(model_dir), device=device, disable_update=True, log_level="ERROR")
         self.language, self.batch_size = language, batch_size
 
-    def transcribe(self, wavs: list[np.ndarray]) -> list[str]:
+    def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]:
+        if self.language != "item" or languages is None:
+            fixed = "auto" if self.language == "item" else self.language
+            languages = [fixed] * len(wavs)
+        out: list[str | None] = [None] * len(wavs)
+        for language in dict.fromkeys(languages):           # one generate call per language, input order kept
+            rows = [i for i, lang in enumerate(languages) if lang == language]
+            for i, text in zip(rows, self._generate([wavs[i] for i in rows], language)):
+                out[i] = text
+        return out
+
+    def _generate(self, wavs: list[np.ndarray], language: str) -> list[str]:
         if not wavs:
             return []
-        results = self.model.generate(input=[w.astype(np.float32) for w in wavs], cache={}, language=self.language,
+        results = self.model.generate(input=[w.astype(np.float32) for w in wavs], cache={}, language=language,
                                       use_itn=False, batch_size=self.batch_size, disable_pbar=True)
         if len(results) != len(wavs):
             raise RuntimeError(f"ASR returned {len(results)} results for {len(wavs)} inputs")
@@ -49,8 +63,8 @@ class PocketsphinxASR:
 
         self.decoder = Decoder(samprate=ASR_SAMPLE_RATE, loglevel="FATAL")
 
-    def transcribe(self, wavs: list[np.ndarray]) -> list[str]:
-        out = []
+    def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]:
+        out = []   # English only: `languages` is ignored
         for wav in wavs:
             pcm = (np.clip(wav, -1, 1) * 32767).astype(np.int16).tobytes()
             self.decoder.start_utt()
@@ -61,7 +75,7 @@ class PocketsphinxASR:
         return out
 
 
-def build_asr(kind: str, model_dir: str | Path | None = None, device: str = "cpu", language: str = "auto",
+def build_asr(kind: str, model_dir: str | Path | None = None, device: str = "cpu", language: str = "item",
               batch_size: int = 16) -> ASR:
     if kind in ("sensevoice", "paraformer"):
         return FunASR(model_dir, device=device, language=language, batch_size=batch_size)

@@ -84,7 +84,7 @@ class CosyVoice2Backend:
         return [resample(w, self.token2wav.sample_rate, self.asr_rate) for w in wavs]
 
     def transcribe(self, items: list[ScoreItem]) -> list[Transcript]:
-        return [Transcript(text=t) for t in self.asr.transcribe(self.synthesize(items))]
+        return [Transcript(text=t) for t in self.asr.transcribe(self.synthesize(items), [it.language for it in items])]
 
 
 def score(items: list[ScoreItem], transcripts: list[Transcript], mapping: str = "tanh", scale: float = 3.0,

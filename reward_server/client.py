@@ -3,10 +3,12 @@
 verl calls the reward function once per response, concurrently. `score_one` gathers the calls made
 within `batch_wait_s` into one POST (up to `max_items_per_request` items), so a step's responses reach
 the server as a few requests that fill its @serve.batch batches instead of hundreds of tiny ones.
-Connection errors and 5xx answers are retried with exponential backoff; after the last retry the
-callers get RewardServerError: there is never a silent 0.0. A 4xx names the bad items: those callers
-get RewardRequestError and the rest of the request is sent again without them; a request over the
-server's size limits (413) is split in halves.
+Connection errors, 5xx, 429 and 503 answers, and items the server reports as failed (status "error"),
+are retried with exponential backoff and jitter until `retry_budget_s` has passed (long enough to ride out
+a replica restart) or `retries` attempts were made; then those callers -- and only those -- get
+RewardServerError: there is never a silent 0.0. A 4xx names the bad items: those callers get
+RewardRequestError and the rest of the request is sent again without them; a request over the server's
+size limits (413) is split in halves.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -38,8 +41,10 @@ class RewardRequestError(RewardServerError):
 class ClientConfig:
     url: str
     timeout_s: float = 120.0
-    retries: int = 5
+    retries: int | None = None        # at most this many retries (None: as many as the budget allows)
     backoff_s: float = 0.5
+    retry_budget_s: float = 120.0     # stop retrying this long after the first attempt
+    max_backoff_s: float = 10.0
     max_concurrency: int = 64
     auth_token: str | None = None
     batch_wait_s: float = 0.005
@@ -55,6 +60,7 @@ class _LoopState:
         self.http = httpx.AsyncClient(base_url=config.url, timeout=config.timeout_s, headers=headers, limits=limits)
         self.semaphore = asyncio.Semaphore(config.max_concurrency)
         self.pending: list[tuple[dict, asyncio.Future]] = []
+        self.tasks: set[asyncio.Task] = set()
         self.flusher: asyncio.TimerHandle | None = None
 
 
@@ -71,28 +77,48 @@ class RewardClient:
             self._loops[loop] = _LoopState(self.config)
         return self._loops[loop]
 
+    def _retry_allowed(self, attempt: int, started: float) -> bool:
+        if self.config.retries is not None and attempt > self.config.retries:
+            return False
+        return time.monotonic() - started < self.config.retry_budget_s
+
+    async def _backoff(self, attempt: int, why: str) -> None:
+        self.retries_made += 1
+        delay = min(self.config.max_backoff_s, self.config.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random())
+        log.warning("reward server: %s; retry %d in %.1f s", why, attempt, delay)
+        await asyncio.sleep(delay)
+
     async def score(self, items: list[dict]) -> list[dict]:
-        """One POST /score with retries; returns the results in input order."""
+        """POST /score with retries; returns the results in input order. Items the server failed on are sent
+        again; if they still fail when the retries run out, their results carry status "error"."""
         state = self._state()
-        last_error = "no attempt"
-        for attempt in range(self.config.retries + 1):
+        results: list[dict | None] = [None] * len(items)
+        todo = list(range(len(items)))
+        started, attempt, last_error = time.monotonic(), 0, "no attempt"
+        while True:
             if attempt:
-                self.retries_made += 1
-                delay = self.config.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
-                log.warning("reward server: %s; retry %d/%d in %.1f s", last_error, attempt, self.config.retries, delay)
-                await asyncio.sleep(delay)
+                if not self._retry_allowed(attempt, started):
+                    break
+                await self._backoff(attempt, last_error)
+            attempt += 1
             try:
                 async with state.semaphore:
-                    resp = await state.http.post("/score", json={"items": items})
+                    resp = await state.http.post("/score", json={"items": [items[i] for i in todo]})
             except httpx.TransportError as exc:   # connection refused/reset, timeouts
                 last_error = f"{type(exc).__name__}: {exc}"
                 continue
             if resp.status_code == 200:
-                results = resp.json()["results"]
-                if len(results) != len(items):
-                    raise RewardServerError(f"server returned {len(results)} results for {len(items)} items")
-                return results
-            if resp.status_code >= 500:
+                answer = resp.json()["results"]
+                if len(answer) != len(todo):
+                    raise RewardServerError(f"server returned {len(answer)} results for {len(todo)} items")
+                for i, result in zip(todo, answer):
+                    results[i] = result
+                todo = [i for i, result in zip(todo, answer) if result.get("status", "ok") != "ok"]
+                if not todo:
+                    return results
+                last_error = f"{len(todo)} item(s) failed on the server ({answer[0].get('detail', '')[:100]})"
+                continue
+            if resp.status_code >= 500 or resp.status_code == 429:
                 last_error = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
             try:
@@ -100,8 +126,11 @@ class RewardClient:
             except ValueError:
                 body = resp.text
             raise RewardRequestError(resp.status_code, body)
-        raise RewardServerError(f"reward server at {self.config.url} failed after {self.config.retries} retries "
-                                f"(last: {last_error})")
+        if all(r is None for r in results):
+            raise RewardServerError(f"reward server at {self.config.url} failed after {attempt - 1} retries "
+                                    f"(last: {last_error})")
+        return [r if r is not None else {"id": items[i].get("id"), "status": "error", "error": "unanswered",
+                                         "detail": last_error} for i, r in enumerate(results)]
 
     async def score_one(self, item: dict) -> dict:
         """Score one item, sent together with the other items requested within batch_wait_s."""
@@ -120,7 +149,9 @@ class RewardClient:
             state.flusher = None
         batch, state.pending = state.pending, []
         if batch:
-            asyncio.get_running_loop().create_task(self._send(batch))
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            state.tasks.add(task)                       # keep a reference until it is done
+            task.add_done_callback(state.tasks.discard)
 
     async def _send(self, batch: list[tuple[dict, asyncio.Future]]) -> None:
         while batch:
@@ -141,9 +172,15 @@ class RewardClient:
             except Exception as exc:                                     # RewardServerError and the like
                 self._fail(batch, exc)
                 return
-            for (_, future), result in zip(batch, results):
-                if not future.done():
+            for (item, future), result in zip(batch, results):
+                if future.done():
+                    continue
+                if result.get("status", "ok") == "ok":
                     future.set_result(result)
+                else:   # this item alone failed on the server, after every retry
+                    future.set_exception(RewardServerError(
+                        f"reward server could not score item {item.get('id')!r}: {result.get('error')} "
+                        f"({result.get('detail', '')})"))
             return
 
     @staticmethod

@@ -1,7 +1,9 @@
 """The HTTP API's request validation (pure functions, no server needed).
 
 POST /score  {"items": [{"id": str, "tokens": [int, ...], "text": str, "language": "zh"|"en"}]}
-Every problem of every item is reported, each naming the item index, its id and the field.
+Every problem of every item is reported, each naming the item index, its id and the field. A valid request
+is answered 200 with one result per item, in order: {"id", "status": "ok", "reward", "error_rate",
+"transcript"} or, for an item the backend failed on, {"id", "status": "error", "error", "detail"}.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Limits:
     max_text_chars: int = 500
     max_request_bytes: int = 8_000_000
     speech_token_size: int = 6561
+    max_tokens_per_request: int = 400_000     # all items together: bounds one request's backend work
 
 
 class RequestError(Exception):
@@ -63,6 +66,10 @@ def parse_request(raw: bytes, limits: Limits) -> list[ScoreItem]:
                                     language=item.get("language", "zh")))
     if problems:
         raise RequestError(422, f"{len({p['item'] for p in problems})} invalid item(s)", problems)
+    total = sum(len(it.tokens) for it in parsed)
+    if total > limits.max_tokens_per_request:
+        raise RequestError(413, f"{total} speech tokens in one request exceed the limit of "
+                                f"{limits.max_tokens_per_request}")
     return parsed
 
 

@@ -1,9 +1,13 @@
 """Scoring: normalise -> units (pinyin syllables for Chinese, words for English) -> error rate -> reward.
 
-Chinese text is normalised with wetext (numbers, dates, units to words), punctuation is removed, and
-the text becomes TONE3 pinyin with tone sandhi and neutral tone 5 (pypinyin); Latin words inside
-Chinese text stay words (lower-cased). The error rate is jiwer's WER over those units, so a
-homophone (是/事) is no error and a wrong tone or polyphone reading (行 xing2/hang2) is one.
+Chinese text is converted to simplified characters (zhconv), normalised with wetext (numbers, dates,
+units to words), punctuation is removed, and the Han characters -- as pypinyin defines them, 〇 and the
+CJK extensions included -- become TONE3 pinyin with tone sandhi and neutral tone 5; every other script
+stays as case-folded words (Latin with its accents, kana, Hangul, Greek, ...), never dropped. English keeps
+apostrophes inside words (don't), and decades and dollar amounts are spelled out before wetext, which
+reads them wrongly ("1990s" as "... ninety seconds", "$5.50" as "five point five dollars"). The error
+rate is jiwer's WER over those units, so a homophone (是/事) is no error and a wrong tone or polyphone
+reading (行 xing2/hang2) is one.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from functools import lru_cache
 
 import jiwer
 from pypinyin import Style
+from pypinyin.constants import RE_HANS
 from pypinyin.converter import UltimateConverter
 from pypinyin.core import Pinyin
 
@@ -23,8 +28,9 @@ MAPPINGS = ("tanh", "linear", "exp")
 
 # characters that need text normalisation (digits, currency, units, dates, times, math)
 _NEEDS_TN = re.compile(r"[0-9０-９%％$¥￥€£℃°:：/+＋=×÷~～.\-]")
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")      # letters/digits of any script, inner apostrophes kept
+_DECADE = re.compile(r"\b(\d{3})0s\b")          # 1990s, 2000s (wetext reads "s" as seconds)
+_DOLLARS = re.compile(r"\$(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d{2}))?\b")
 
 
 # what lazy_pinyin(style=TONE3, neutral_tone_with_five=True, tone_sandhi=True) uses, kept to call per segment
@@ -38,8 +44,10 @@ def _normalizer(language: str):
     return Normalizer(lang=language, operator="tn")
 
 
-# every Unicode punctuation or symbol character of the Basic Multilingual Plane (both widths) -> space
-_PUNCT_TO_SPACE = {cp: " " for cp in range(0x10000) if unicodedata.category(chr(cp))[0] in "PS"}
+# every Unicode punctuation or symbol character of the Basic Multilingual Plane (both widths) -> space,
+# except the apostrophe, which _WORD keeps inside words and drops elsewhere
+_PUNCT_TO_SPACE = {cp: " " for cp in range(0x10000) if unicodedata.category(chr(cp))[0] in "PS" and chr(cp) != "'"}
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'", "\u2018": "'"})
 _WORDS = jiwer.ReduceToListOfListOfWords()   # units are already normalised: only split on spaces
 
 
@@ -48,21 +56,51 @@ def strip_punctuation(text: str) -> str:
     return text.translate(_PUNCT_TO_SPACE)
 
 
+def _english_number(digits: str) -> str:
+    return _normalizer("en").normalize(digits.replace(",", ""))
+
+
+def _spell_english(text: str) -> str:
+    """What wetext reads wrongly, spelled out first: decades (1990s -> nineteen nineties) and dollar amounts
+    ($5.50 -> five dollars fifty cents)."""
+    def decade(m):
+        words = _normalizer("en").normalize(f"in {m.group(1)}0").split()[1:]   # read as a year
+        last = words[-1]
+        words[-1] = last[:-1] + "ies" if last.endswith("y") else last + "s"
+        return " ".join(words)
+
+    def dollars(m):
+        whole, cents = m.group(1), m.group(2)
+        out = f"{_english_number(whole)} dollar{'' if whole == '1' else 's'}"
+        if cents and int(cents):
+            out += f" {_english_number(str(int(cents)))} cent{'' if int(cents) == 1 else 's'}"
+        return out
+
+    return _DOLLARS.sub(dollars, _DECADE.sub(decade, text))
+
+
 @lru_cache(maxsize=65536)
 def normalize(text: str, language: str = "zh") -> str:
-    """wetext text normalisation (only when the text has something to normalise), no punctuation, lower case."""
+    """wetext text normalisation (only when the text has something to normalise), no punctuation, case-folded;
+    Chinese in simplified characters."""
     if language not in LANGUAGES:
         raise ValueError(f"unknown language {language!r}; expected one of {LANGUAGES}")
-    text = unicodedata.normalize("NFKC", text)
+    text = unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
+    if language == "zh":
+        import zhconv
+
+        text = zhconv.convert(text, "zh-cn")
+    else:
+        text = _spell_english(text)
     if _NEEDS_TN.search(text):
         text = _normalizer(language).normalize(text)
-    return " ".join(strip_punctuation(text).lower().split())
+    return " ".join(strip_punctuation(text).casefold().split())
 
 
 def _pinyin_units(text: str) -> list[str]:
     units: list[str] = []
     for segment in _PINYIN.seg(text):
-        if _HAN.match(segment):
+        if RE_HANS.match(segment):
             units.extend(py[0] for py in _segment_cached(segment))
         else:
             units.extend(_WORD.findall(segment))

@@ -9,7 +9,10 @@ import threading
 
 from omegaconf import DictConfig
 
+from grpo.config import REPO_ROOT
+
 log = logging.getLogger("reward_server")
+APP_NAME = "reward"
 
 
 def start(cfg: DictConfig) -> None:
@@ -20,10 +23,13 @@ def start(cfg: DictConfig) -> None:
 
     r = cfg.reward
     address = r.get("ray_address") or "local"
+    # on an existing cluster the replicas may land on other nodes: ship this repository's code with them
+    runtime_env = None if address == "local" else {"working_dir": str(REPO_ROOT),
+                                                   "excludes": [".venv", "exp", ".git", "outputs", "*.pt"]}
     ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=True,
-             configure_logging=False)
+             configure_logging=False, runtime_env=runtime_env)
     serve.start(http_options={"host": r.host, "port": r.port}, logging_config={"enable_access_log": False})
-    serve.run(build_app(cfg), name="reward", route_prefix="/", blocking=False)
+    serve.run(build_app(cfg), name=APP_NAME, route_prefix="/", blocking=False)
 
 
 def stop() -> None:
@@ -31,7 +37,7 @@ def stop() -> None:
     from ray import serve
 
     try:
-        serve.shutdown()
+        serve.delete(APP_NAME)       # only this application: others on a shared cluster keep running
     finally:
         ray.shutdown()
 

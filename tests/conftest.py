@@ -50,7 +50,8 @@ def synthetic_server(tiny_exp, tmp_path_factory):
     codebook's (7000 > 6561), so tokens 6561..6999 pass validation and fail inside the backend (a 500)."""
     overrides = [f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic", "reward.speech_token_size=7000",
                  "reward.limits.max_items_per_request=50", "reward.limits.max_tokens_per_item=100",
-                 "reward.limits.max_text_chars=60", "reward.limits.max_request_bytes=20000", "reward.max_batch_size=64"]
+                 "reward.limits.max_text_chars=60", "reward.limits.max_request_bytes=20000", "reward.max_batch_size=64",
+                 "reward.limits.max_tokens_per_request=1000"]
     server = ServerProcess(overrides, log_path=tmp_path_factory.mktemp("server") / "synthetic.log").wait()
     yield server
     server.stop()

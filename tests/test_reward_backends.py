@@ -110,6 +110,10 @@ def test_cosyvoice2_server_with_bearer_token(tiny_exp, tmp_path):
             asyncio.run(with_client(None))
         assert err.value.status == 401
         assert httpx.get(f"{server.url}/health", headers=ok).json()["backend"] == "cosyvoice2"
+        # the metrics are behind the token too
+        assert httpx.get(f"{server.url}/metrics").status_code == 401
+        assert httpx.get(f"{server.url}/metrics", headers={"Authorization": "Bearer s3cre"}).status_code == 401
+        assert "reward_items_total" in httpx.get(f"{server.url}/metrics", headers=ok).text
     finally:
         server.stop()
 

@@ -73,6 +73,9 @@ BAD = [
      "exceed the limit"),
     ("body too large", json.dumps({"items": [{"id": "a" * 30000, "tokens": [1], "text": "好"}]}).encode(), 413,
      "exceeds the limit"),
+    ("too many tokens in all", json.dumps({"items": [{"id": f"a{i}", "tokens": [1] * 60, "text": "好"}
+                                                     for i in range(20)]}).encode(), 413,
+     "1200 speech tokens in one request exceed the limit of 1000"),
 ]
 
 
@@ -91,15 +94,36 @@ def test_errors_name_every_bad_item(synthetic_server):
     assert {(p["item"], p["id"], p["field"]) for p in problems} == {(1, "b1", "tokens"), (2, "b2", "text")}
 
 
-def test_internal_failure_is_a_500_counted_in_metrics(synthetic_server):
-    # 6800 is inside the declared vocabulary (7000) but outside the codebook (6561): the backend raises
-    r = httpx.post(f"{synthetic_server.url}/score", json={"items": [{"id": "x", "tokens": [6800], "text": "好"}]})
-    assert r.status_code == 500 and "reward" not in r.text
+def test_a_failing_item_fails_alone_and_is_counted(synthetic_server, codebook):
+    """6800 is inside the declared vocabulary (7000) but outside the codebook (6561): the backend raises on that
+    item. In a batch of 32 it fails alone (status "error"); the other 31 get their exact rewards."""
+    rng = random.Random(3)
+    items = [item(i, codebook, rng, correct=i % 3 == 0) for i in range(32)]
+    items[17] = {**items[17], "tokens": [6800, 5]}
+    r = httpx.post(f"{synthetic_server.url}/score", json={"items": items}, timeout=60)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["id"] for x in results] == [it["id"] for it in items]
+    assert results[17]["status"] == "error" and results[17]["error"] == "backend" and "reward" not in results[17]
+    for k, (it, res) in enumerate(zip(items, results)):
+        if k != 17:
+            assert res["status"] == "ok"
+            assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
     metrics = httpx.get(f"{synthetic_server.url}/metrics").text
     assert 'reward_failures_total{backend="synthetic",kind="backend"' in metrics
     assert "reward_batch_size_bucket" in metrics and "reward_request_latency_seconds_bucket" in metrics
-    assert httpx.post(f"{synthetic_server.url}/score", json={"items": [{"id": "y", "tokens": [1], "text": "好"}]}
-                      ).status_code == 200
+    assert httpx.get(f"{synthetic_server.url}/health").status_code == 200     # one failure is not sticky
+
+
+def test_a_chunked_body_over_the_limit_is_refused(synthetic_server):
+    def body():   # no Content-Length: the server must count while it reads
+        yield b'{"items": [{"id": "'
+        for _ in range(30):
+            yield b"a" * 1000
+        yield b'", "tokens": [1], "text": "x"}]}'
+
+    r = httpx.post(f"{synthetic_server.url}/score", content=body(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "exceeds the limit of 20000 bytes" in r.text
 
 
 def test_load_1000_concurrent_requests_with_malformed_ones(synthetic_server, codebook):
@@ -176,6 +200,41 @@ def test_killed_replica_recovers_through_client_retries(tiny_exp, codebook, tmp_
         server.stop()
 
 
+def test_a_replica_with_a_sticky_fault_is_replaced_and_the_client_rides_through(tiny_exp, codebook, tmp_path):
+    """The first replica to see the fault file fails every call from then on (as with a broken GPU): after 2
+    failures in a row its health check fails, Serve replaces it, and the client's time-budgeted retries get
+    every reward from the new replica."""
+    from conftest import FAST_TINY, ServerProcess
+
+    fault = tmp_path / "sticky-fault"
+    server = ServerProcess([f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic",
+                            f"reward.inject_sticky_fault_file={fault}", "reward.unhealthy_after_failures=2",
+                            "reward.health_check_period_s=1"], log_path=tmp_path / "server.log").wait()
+    rng = random.Random(13)
+    items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(20)]
+    old_pid = httpx.get(f"{server.url}/health").json()["pid"]
+    client = RewardClient(ClientConfig(server.url, timeout_s=30, retry_budget_s=120, backoff_s=0.5))
+
+    async def run():
+        try:
+            return await asyncio.gather(*(client.score_one(it) for it in items))
+        finally:
+            await client.aclose()
+
+    try:
+        fault.touch()
+        results = asyncio.run(run())
+        assert not fault.exists()                                  # a replica took the fault
+        for it, res in zip(items, results):
+            assert res["status"] == "ok"
+            assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
+        assert client.retries_made > 0
+        health = httpx.get(f"{server.url}/health", timeout=60)
+        assert health.status_code == 200 and health.json()["pid"] != old_pid
+    finally:
+        server.stop()
+
+
 def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
     async def run(url, item):
         client = RewardClient(ClientConfig(url, timeout_s=5, retries=2, backoff_s=0.05))
@@ -188,7 +247,7 @@ def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
 
     with pytest.raises(RewardServerError, match="failed after 2 retries"):
         asyncio.run(run(f"http://127.0.0.1:{free_port()}", {"id": "a", "tokens": [1], "text": "好"}))
-    with pytest.raises(RewardServerError, match="HTTP 500"):      # internal failure: retried, then raised
+    with pytest.raises(RewardServerError, match="could not score item 'a': backend"):   # retried, then raised
         asyncio.run(run(synthetic_server.url, {"id": "a", "tokens": [6800], "text": "好"}))
     with pytest.raises(RewardRequestError) as err:               # client error: raised at once
         asyncio.run(run(synthetic_server.url, {"id": "a", "tokens": [], "text": "好"}))

@@ -98,3 +98,25 @@ def test_codebook_is_seeded_and_covers_only_the_given_units():
         a.transcribe([600])
     with pytest.raises(KeyError):
         a.tokens_for_text("猫", "zh", rng)
+
+
+def test_no_script_is_dropped_and_character_variants_agree():
+    assert error_rate("二零二四年", "二〇二四年") == 0.0                  # 〇 is Han for pypinyin: ling2, as 零
+    assert text_to_units("\U00020000好")[1] == "hao3" and len(text_to_units("\U00020000好")) == 2  # CJK ext. B kept
+    assert text_to_units("你好ですか") == ("ni2", "hao3", "ですか")          # kana kept as a word
+    assert error_rate("你好", "你好ですか") == pytest.approx(1 / 2)          # one inserted unit over two
+    assert text_to_units("café", "en") == ("café",) and error_rate("café", "caf", "en") == 1.0
+    assert text_to_units("Ελλάδα 한국", "en") == ("ελλάδα", "한국")           # case-folded, never dropped
+    assert text_to_units("這個") == text_to_units("这个") == ("zhe4", "ge5")   # traditional -> simplified first
+
+
+def test_english_apostrophes_decades_and_dollars():
+    assert error_rate("I don't know", "I dont know", "en") == pytest.approx(1 / 3)   # one word of three
+    assert error_rate("I don\u2019t know", "i don't know", "en") == 0.0             # typographic apostrophe
+    assert text_to_units("'quoted' words", "en") == ("quoted", "words")
+    assert normalize("the 1990s", "en") == "the nineteen nineties"
+    assert normalize("in the 2000s", "en") == "in the two thousands"
+    assert normalize("$5.50", "en") == "five dollars fifty cents"
+    assert normalize("$1", "en") == "one dollar" and normalize("$2.01", "en") == "two dollars one cent"
+    assert error_rate("It costs $5.50.", "it costs five dollars fifty cents", "en") == 0.0
+    assert error_rate("I have 20 apples", "i have twenty apples", "en") == 0.0       # plain numbers: wetext

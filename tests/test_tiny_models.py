@@ -107,3 +107,30 @@ def test_rebuild_is_skipped_when_up_to_date(tiny_cfg, caplog):
         build_tiny(tiny_cfg())
     assert "up to date" in caplog.text
     assert open(f"{tiny_cfg().model.cosyvoice_dir}/llm.pt", "rb").read() == before
+
+
+def test_each_item_is_decoded_in_its_own_language(tiny_cfg, monkeypatch):
+    """reward.asr.language=item: SenseVoice gets each waveform with its item's language (one call per
+    language, results back in input order); "auto" only when asked."""
+    from reward_server.asr import FunASR
+
+    asr = FunASR(tiny_cfg().model.sensevoice_dir)
+    calls = []
+    generate = asr.model.generate
+
+    def spy(input, language, **kwargs):
+        calls.append((language, len(input)))
+        return generate(input=input, language=language, **kwargs)
+
+    monkeypatch.setattr(asr.model, "generate", spy)
+    rng = np.random.default_rng(3)
+    wavs = [rng.standard_normal(8000 * (k + 1)).astype(np.float32) * 0.1 for k in range(4)]
+    mixed = asr.transcribe(wavs, ["zh", "en", "zh", "en"])
+    assert calls == [("zh", 2), ("en", 2)]
+    calls.clear()
+    alone = [asr.transcribe([w], [lang])[0] for w, lang in zip(wavs, ["zh", "en", "zh", "en"])]
+    assert mixed == alone                                        # order kept, each decoded in its language
+    calls.clear()
+    asr.language = "auto"
+    asr.transcribe(wavs, ["zh", "en", "zh", "en"])
+    assert calls == [("auto", 4)]

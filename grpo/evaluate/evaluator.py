@@ -157,7 +157,8 @@ class Evaluator:
         if self.e.asr != "synthetic" and wavs:
             ids = list(wavs)
             try:
-                texts = self.asr.transcribe([resample(wavs[i], self.token2wav.sample_rate, 16000) for i in ids])
+                texts = self.asr.transcribe([resample(wavs[i], self.token2wav.sample_rate, 16000) for i in ids],
+                                            [by_id[i].language for i in ids])
             except Exception as exc:
                 log.warning("ASR failed for a batch of %d: %s", len(ids), exc)
                 texts = [None] * len(ids)

@@ -3,7 +3,7 @@
 verl 0.9.1's reward loop awaits `compute_score(data_source, solution_str, ground_truth, extra_info,
 **reward_kwargs)` with the response decoded by `tokenizer.decode(..., skip_special_tokens=True)`,
 so speech tokens arrive as `<|s_N|>` strings. Keys in `reward_kwargs` (set by the launcher from
-`reward.*`): url, timeout_s, retries, backoff_s, max_concurrency, auth_token, batch_wait_s,
+`reward.*`): url, timeout_s, retries, backoff_s, retry_budget_s, max_concurrency, auth_token, batch_wait_s,
 max_items_per_request, no_speech_reward, on_failure, failure_log. Concurrent calls are sent to the server
 together (reward_server.client). Every failure (after the client's retries) is also appended to
 `failure_log`: verl's agent loop catches a raising reward per sample and drops the group, so the verl
@@ -37,7 +37,8 @@ def client_for(**config) -> RewardClient:
 
 
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
-                        timeout_s: float = 120.0, retries: int = 5, backoff_s: float = 0.5, max_concurrency: int = 64,
+                        timeout_s: float = 120.0, retries: int | None = None, backoff_s: float = 0.5,
+                        retry_budget_s: float = 120.0, max_concurrency: int = 64,
                         auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 256,
                         no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
                         **_ignored) -> dict:
@@ -52,8 +53,8 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
     client = client_for(url=url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
-                        max_concurrency=max_concurrency, auth_token=auth_token, batch_wait_s=batch_wait_s,
-                        max_items_per_request=max_items_per_request)
+                        retry_budget_s=retry_budget_s, max_concurrency=max_concurrency, auth_token=auth_token,
+                        batch_wait_s=batch_wait_s, max_items_per_request=max_items_per_request)
     try:
         result = await client.score_one(item)
     except RewardServerError as exc:
@@ -77,6 +78,7 @@ def reward_kwargs(cfg) -> dict:
     """The keyword arguments compute_score takes, from the root config (reward.*)."""
     r = cfg.reward
     return {"url": r.url, "timeout_s": r.client.timeout_s, "retries": r.client.retries,
+            "retry_budget_s": r.client.retry_budget_s,
             "backoff_s": r.client.backoff_s, "max_concurrency": r.client.max_concurrency,
             "batch_wait_s": r.client.batch_wait_s,
             "max_items_per_request": min(r.client.max_items_per_request, r.limits.max_items_per_request),

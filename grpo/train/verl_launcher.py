@@ -30,6 +30,8 @@ from grpo.train.reward_fn import FAILURE_LOG, reward_kwargs
 
 log = logging.getLogger(__name__)
 
+VERL_LOG = "verl_metrics.jsonl"       # verl's per-step file log (VERL_FILE_LOGGER_PATH), under train.out_dir
+
 
 def _value(v) -> str:
     """A Hydra override value: null/bool/number as is, strings quoted when they need it."""
@@ -63,7 +65,6 @@ CPU_OVERRIDES = {
     "data.dataloader_num_workers": 0,
 }
 # a new local cluster (not the reward server's); verl asks for several CPUs per worker: oversubscribe the cores
-VERL_LOG = "verl_metrics.jsonl"
 CPU_RAY_INIT = {"address": "local", "num_gpus": 1, "num_cpus": 16}
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",                           # grpo/train/verl_cpu.py: PlatformCPU
@@ -94,8 +95,9 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     cpu = not cuda_available() if cpu is None else cpu
     t, v = cfg.train, cfg.train.verl
     if cfg.reward.on_failure != "raise":
-        raise ValueError("reward.on_failure=exclude is only supported by the local engine: verl's reward loop has "
-                         "no way to drop a sample, and a placeholder score would train on a made-up reward")
+        raise ValueError("reward.on_failure=exclude is only supported by the local engine: verl cannot leave one "
+                         "sample out of an update (its agent loop drops the whole group), and a placeholder score "
+                         "would train on a made-up reward")
     out_dir = Path(t.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data_dir = Path(cfg.data.out_dir)
