@@ -236,8 +236,11 @@ def test_a_replica_with_a_sticky_fault_is_replaced_and_the_client_rides_through(
 
 
 def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
+    clients = []
+
     async def run(url, item):
         client = RewardClient(ClientConfig(url, timeout_s=5, retries=2, backoff_s=0.05))
+        clients.append(client)
         try:
             return await client.score_one(item)
         finally:
@@ -249,8 +252,10 @@ def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
         asyncio.run(run(f"http://127.0.0.1:{free_port()}", {"id": "a", "tokens": [1], "text": "好"}))
     with pytest.raises(RewardServerError, match="could not score item 'a': backend"):   # retried, then raised
         asyncio.run(run(synthetic_server.url, {"id": "a", "tokens": [6800], "text": "好"}))
+    assert clients[-1].retries_made == 2                         # the failed item was sent again, twice
     with pytest.raises(RewardRequestError) as err:               # client error: raised at once
         asyncio.run(run(synthetic_server.url, {"id": "a", "tokens": [], "text": "好"}))
+    assert clients[-1].retries_made == 0
     assert err.value.status == 422
 
 
