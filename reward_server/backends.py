@@ -112,11 +112,10 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
         return SyntheticBackend(r.codebook.path)
     if r.backend == "cosyvoice2":
         from reward_server.asr import build_asr
-        from reward_server.token2wav import Token2Wav, load_or_build_speakers
+        from reward_server.speakers import load_speakers
+        from reward_server.token2wav import Token2Wav
 
-        speakers = load_or_build_speakers(r.prompt_speakers.features, cfg.model.cosyvoice_dir,
-                                          list(r.prompt_speakers.clips), cfg.model.frontend,
-                                          r.prompt_speakers.num_tiny, cfg.seed)
+        speakers = load_speakers(r.prompt_speakers.features)    # built by stage -1, once, in the driver
         return CosyVoice2Backend(Token2Wav(cfg.model.cosyvoice_dir, device), speakers,
                                  build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size))
     raise ValueError(f"unknown reward.backend {r.backend!r}; expected cosyvoice2 or synthetic")

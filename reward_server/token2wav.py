@@ -185,29 +185,3 @@ def speakers_from_clips(model_dir: str | Path, clips: list[dict]) -> dict:
         speakers[clip.get("id", f"speaker_{k}")] = {name: v.cpu() if torch.is_tensor(v) else v
                                                     for name, v in features.items()}
     return speakers
-
-
-def load_or_build_speakers(features_path: str | Path, model_dir: str | Path, clips: list[dict],
-                           frontend: str, num_tiny: int = 4, seed: int = 0) -> dict:
-    """Prompt speakers: the saved file if present, else computed (real clips) or seeded (tiny), then saved."""
-    path = Path(features_path)
-    if path.exists():
-        speakers = torch.load(path, map_location="cpu", weights_only=False)
-    elif clips:
-        speakers = speakers_from_clips(model_dir, clips)
-        torch.save(speakers, path)
-    elif frontend == "tiny":
-        speakers = tiny_speakers(num_tiny, seed)
-        torch.save(speakers, path)
-    else:
-        raise FileNotFoundError(
-            f"no prompt speakers: {path} does not exist and reward.prompt_speakers.clips is empty. "
-            "Add {text, wav} prompt clips, or point reward.prompt_speakers.features at a CosyVoice spk2info.pt")
-    if not speakers:
-        raise ValueError(f"{path} holds no speakers")
-    for name, spk in speakers.items():
-        missing = {"flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding"} - set(spk)
-        if missing:
-            raise ValueError(f"speaker {name!r} in {path} lacks {sorted(missing)}")
-    log.info("%d prompt speakers from %s", len(speakers), path)
-    return speakers

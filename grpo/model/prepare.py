@@ -105,11 +105,41 @@ def convert(cfg: DictConfig) -> dict:
     return cosyvoice_to_hf(resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.hf_dir))
 
 
+def speaker_clips(cfg: DictConfig) -> list[dict]:
+    """reward.prompt_speakers.clips read and checked (files exist); empty only if a speaker file is given.
+    Checked before any download, so that a missing setting fails in seconds with the key to set."""
+    from reward_server.speakers import read_clips
+
+    p = cfg.reward.prompt_speakers
+    clips = read_clips(resolve_path(p.clips) if isinstance(p.clips, str) else list(p.clips or []))
+    if not clips and not resolve_path(p.features).exists():
+        raise SystemExit(f"no prompt speakers for the {cfg.reward.backend} backend: set reward.prompt_speakers.clips "
+                         "to {text, wav} clips (a list, a JSONL file, or a folder with wav.scp + text), or "
+                         f"reward.prompt_speakers.features to a CosyVoice spk2info.pt (now {p.features})")
+    return clips
+
+
+def prompt_speakers(cfg: DictConfig, clips: list[dict]) -> None:
+    """The cosyvoice2 backend's prompt speakers (real models; the tiny build writes seeded stand-ins), built here
+    once so that replicas only load them."""
+    from reward_server.speakers import build_speakers, load_speakers
+    from reward_server.token2wav import speakers_from_clips
+
+    features = resolve_path(cfg.reward.prompt_speakers.features)
+    if clips:
+        build_speakers(features, clips, lambda c: speakers_from_clips(resolve_path(cfg.model.cosyvoice_dir), c))
+    else:
+        load_speakers(features)
+
+
 def run(cfg: DictConfig) -> int:
     if cfg.model.source == "tiny":
         build_tiny(cfg)
     elif cfg.model.source == "modelscope":
+        clips = speaker_clips(cfg) if cfg.reward.backend == "cosyvoice2" else []
         download(cfg)
+        if cfg.reward.backend == "cosyvoice2":
+            prompt_speakers(cfg, clips)
     else:
         raise ValueError(f"model.source must be tiny or modelscope, got {cfg.model.source!r}")
     convert(cfg)
