@@ -166,13 +166,24 @@ def in_flight(url) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def own_server(tiny_exp, tmp_path, *overrides):
+    """A synthetic-backend server of the test's own (these tests break its replica)."""
+    from conftest import FAST_TINY, ServerProcess
+
+    return ServerProcess([f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic", *overrides],
+                         log_path=tmp_path / "server.log").wait()
+
+
+def assert_exact_rewards(codebook, items, results):
+    for it, res in zip(items, results, strict=True):
+        assert res["id"] == it["id"] and res["status"] == "ok"
+        assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
+
+
 def test_killed_replica_recovers_through_client_retries(tiny_exp, codebook, tmp_path):
     """A replica killed while it holds requests: those fail (500), the client retries, the new replica answers.
     The batch window is long (2 s) so that the kill certainly meets items inside the replica."""
-    from conftest import FAST_TINY, ServerProcess
-
-    server = ServerProcess([f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic", "reward.max_batch_size=64",
-                            "reward.batch_wait_timeout_s=2.0"], log_path=tmp_path / "server.log").wait()
+    server = own_server(tiny_exp, tmp_path, "reward.max_batch_size=64", "reward.batch_wait_timeout_s=2.0")
     rng = random.Random(11)
     items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(40)]
     old_pid = httpx.get(f"{server.url}/health").json()["pid"]
@@ -190,10 +201,7 @@ def test_killed_replica_recovers_through_client_retries(tiny_exp, codebook, tmp_
         return results
 
     try:
-        results = asyncio.run(run())
-        for it, res in zip(items, results):
-            assert res["id"] == it["id"]
-            assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
+        assert_exact_rewards(codebook, items, asyncio.run(run()))
         assert httpx.get(f"{server.url}/health", timeout=120).json()["pid"] != old_pid
         assert client.retries_made > 0
     finally:
@@ -204,12 +212,9 @@ def test_a_replica_with_a_sticky_fault_is_replaced_and_the_client_rides_through(
     """The first replica to see the fault file fails every call from then on (as with a broken GPU): after 2
     failures in a row its health check fails, Serve replaces it, and the client's time-budgeted retries get
     every reward from the new replica."""
-    from conftest import FAST_TINY, ServerProcess
-
     fault = tmp_path / "sticky-fault"
-    server = ServerProcess([f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic",
-                            f"reward.inject_sticky_fault_file={fault}", "reward.unhealthy_after_failures=2",
-                            "reward.health_check_period_s=1"], log_path=tmp_path / "server.log").wait()
+    server = own_server(tiny_exp, tmp_path, f"reward.inject_sticky_fault_file={fault}",
+                        "reward.unhealthy_after_failures=2", "reward.health_check_period_s=1")
     rng = random.Random(13)
     items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(20)]
     old_pid = httpx.get(f"{server.url}/health").json()["pid"]
@@ -225,9 +230,7 @@ def test_a_replica_with_a_sticky_fault_is_replaced_and_the_client_rides_through(
         fault.touch()
         results = asyncio.run(run())
         assert not fault.exists()                                  # a replica took the fault
-        for it, res in zip(items, results):
-            assert res["status"] == "ok"
-            assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
+        assert_exact_rewards(codebook, items, results)
         assert client.retries_made > 0
         health = httpx.get(f"{server.url}/health", timeout=60)
         assert health.status_code == 200 and health.json()["pid"] != old_pid

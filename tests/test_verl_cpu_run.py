@@ -36,8 +36,9 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     rows = read_metrics(out / "metrics.jsonl")                 # the local engine's format, from verl's log
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["response_length_mean"] > 0 for r in rows)
-    # every response of both steps was scored by the real reward server (4 prompts x 4 samples x 2 steps)
-    assert items_scored(synthetic_server.url) - before >= 32
+    # the responses of both steps (4 prompts x 4 samples x 2) went to the real reward server; a response
+    # without speech tokens is scored without it (reward.no_speech_reward), so allow a few
+    assert 24 <= items_scored(synthetic_server.url) - before <= 32
     # weights reach vLLM after the update: rollout and actor agree (without the sync verl measures 1.7-3.8)
     assert abs(rows[-1]["rollout_actor_kl"]) < 0.01
     actor = out / "verl_checkpoints" / "global_step_2" / "actor"
