@@ -113,10 +113,11 @@ class RewardClient:
                     raise RewardServerError(f"server returned {len(answer)} results for {len(todo)} items")
                 for i, result in zip(todo, answer):
                     results[i] = result
-                todo = [i for i, result in zip(todo, answer) if result.get("status", "ok") != "ok"]
-                if not todo:
+                failed = [(i, result) for i, result in zip(todo, answer) if result.get("status", "ok") != "ok"]
+                if not failed:
                     return results
-                last_error = f"{len(todo)} item(s) failed on the server ({answer[0].get('detail', '')[:100]})"
+                todo = [i for i, _ in failed]
+                last_error = f"{len(todo)} item(s) failed on the server ({failed[0][1].get('detail', '')[:100]})"
                 continue
             if resp.status_code >= 500 or resp.status_code == 429:
                 last_error = f"HTTP {resp.status_code}: {resp.text[:200]}"
