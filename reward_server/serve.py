@@ -17,9 +17,6 @@ APP_NAME = "reward"
 
 def start(cfg: DictConfig) -> None:
     import ray
-    from ray import serve
-
-    from reward_server.app import build_app
 
     r = cfg.reward
     address = r.get("ray_address") or "local"
@@ -28,6 +25,49 @@ def start(cfg: DictConfig) -> None:
                                                    "excludes": [".venv", "exp", ".git", "outputs", "*.pt"]}
     ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=True,
              configure_logging=False, runtime_env=runtime_env)
+    deploy(cfg)
+
+
+class ServeConflict(RuntimeError):
+    """Serve already runs on the cluster with other HTTP options and other applications."""
+
+
+def running_http_options() -> tuple[str, int] | None:
+    """(host, port) of the Serve instance already running on the connected cluster, or None.
+
+    Serve has no public getter; this reads the controller client's `http_config`
+    (ray/serve/_private/client.py, ray 2.60.0), which `serve.start` itself compares against
+    (ray/serve/_private/api.py `_check_http_options`: it only logs "The new HTTP config is ignored")."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return None
+    http = client.http_config
+    return http.host, http.port
+
+
+def deploy(cfg: DictConfig) -> None:
+    """serve.start with reward.host/port, then this application. A running Serve instance keeps the HTTP
+    options it was started with (serve.start silently ignores new ones): if they differ, Serve is restarted
+    with ours when no other application runs there, and otherwise we stop with the options and the apps."""
+    from ray import serve
+
+    from reward_server.app import build_app
+
+    r = cfg.reward
+    wanted = (r.host, int(r.port))
+    running = running_http_options()
+    if running is not None and running != wanted:
+        others = sorted(set(serve.status().applications) - {APP_NAME})
+        if others:
+            raise ServeConflict(
+                f"Ray Serve already runs on this cluster at {running[0]}:{running[1]} with application(s) "
+                f"{others}; its HTTP options cannot change without stopping them. Set reward.host={running[0]} "
+                f"reward.port={running[1]} (and reward.url to match) to serve beside them, or stop Serve first.")
+        log.warning("Serve was running at %s:%s with no other application: restarting it at %s:%s",
+                    *running, *wanted)
+        serve.shutdown()
     serve.start(http_options={"host": r.host, "port": r.port}, logging_config={"enable_access_log": False})
     serve.run(build_app(cfg), name=APP_NAME, route_prefix="/", blocking=False)
 

@@ -4,7 +4,9 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
+import tempfile
 import time
 
 import httpx
@@ -289,3 +291,33 @@ def test_client_sends_concurrent_calls_together_and_isolates_bad_items(synthetic
     sent = requests_count(synthetic_server.url) - before
     # 121 calls: split by the server's limits (50 items, 20 kB) and resent once without the bad item
     assert sent <= 12, f"{sent} requests for 121 calls"
+
+
+def test_serve_already_running_elsewhere_is_restarted_alone_and_refused_beside_other_apps(tiny_cfg):
+    """serve.start ignores new HTTP options when Serve runs: with another application there, deploy stops with
+    the running options and that app's name; once it is alone, Serve is restarted on our port."""
+    import ray
+    from ray import serve
+
+    from conftest import free_port
+    from reward_server.app import build_app
+    from reward_server.serve import APP_NAME, ServeConflict, deploy
+
+    first, ours = free_port(), free_port()
+    cfg = tiny_cfg("reward.backend=synthetic", f"reward.port={ours}")
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")     # Ray's socket paths must stay under 108 bytes
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, logging_level="ERROR")
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": first})
+        serve.run(build_app(cfg), name="someone_elses", route_prefix="/other", blocking=False)
+        with pytest.raises(ServeConflict, match=rf"127\.0\.0\.1:{first}.*someone_elses.*reward\.port={first}"):
+            deploy(cfg)
+        assert httpx.get(f"http://127.0.0.1:{first}/other/health", timeout=10).status_code == 200   # left alone
+        serve.delete("someone_elses")
+        deploy(cfg)
+        assert APP_NAME in serve.status().applications
+        assert httpx.get(f"http://127.0.0.1:{ours}/health", timeout=30).json()["backend"] == "synthetic"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
