@@ -1,12 +1,19 @@
-"""Reward-server throughput: this server's way (every sample scored concurrently through the training
-client, which sends concurrent calls together, the server batching them with @serve.batch) versus the
-public reference's way (batch size 1, one sequential request per sample), same backend and machine,
-in one run.
+"""Reward-server throughput, three ways, in one run, on the same backend, items and replica count:
 
-    .venv/bin/python benchmarks/server_bench.py [--backend cosyvoice2|synthetic] [--samples 256] [--replicas 2]
+  reference   the public recipe's way: verl's `prime` reward manager sends one item per request, up to 64 in
+              flight, to a server with dynamic batching (max batch 32, 10 ms queue delay)
+  sequential  batch size 1, one request at a time
+  ours        the training client (concurrent calls sent together, requests capped at the server's batch
+              size so that every replica gets work) against the same batching server as `reference`
 
-Needs stage -1 of the tiny profile (bash run.sh -1 -1). Each mode gets a fresh server; samples are
-40 speech tokens (1.6 s of audio) with a Chinese reference. Prints figures; the last line is JSON.
+Each way's rewards are compared item by item with the others. Each timing is the median of 3 passes over
+the items after a warm-up.
+
+    .venv/bin/python benchmarks/server_bench.py --backend synthetic --replicas 2
+    .venv/bin/python benchmarks/server_bench.py --backend cosyvoice2 --items 128
+
+Needs stage -1 of the tiny profile (bash run.sh -1 -1), or pass exp_dir=... overrides after `--`.
+Prints figures; the last line is JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,70 +32,110 @@ import httpx
 from reward_server.client import ClientConfig, RewardClient
 from reward_server.launch import ServerProcess
 
+TEXTS = ["今天天气很好。", "我们一起去公园散步吧。", "请把窗户关上。", "这本书我已经读了三遍。"]
 
-def make_items(n: int, seed: int = 0) -> list[dict]:
+
+def make_items(n: int, seed: int = 0, tokens: int = 40) -> list[dict]:
     rng = random.Random(seed)
-    texts = ["今天天气很好。", "我们一起去公园散步吧。", "请把窗户关上。", "这本书我已经读了三遍。"]
-    return [{"id": f"bench-{i}", "tokens": [rng.randrange(6561) for _ in range(40)], "text": texts[i % 4]}
+    return [{"id": f"bench-{i}", "tokens": [rng.randrange(6561) for _ in range(tokens)], "text": TEXTS[i % 4]}
             for i in range(n)]
 
 
-def sequential(url: str, items: list[dict]) -> float:
-    with httpx.Client(timeout=300) as client:
-        start = time.perf_counter()
-        for it in items:
-            client.post(f"{url}/score", json={"items": [it]}).raise_for_status()
-        return len(items) / (time.perf_counter() - start)
-
-
-def concurrent(url: str, items: list[dict], concurrency: int) -> float:
-    """All samples at once through the training client: one score_one call per sample, as verl makes them;
-    the client sends the calls of a few milliseconds together and the server batches them."""
+def reference(url: str, items: list[dict], in_flight: int = 64) -> list[dict]:
+    """One item per request, `in_flight` requests at a time (verl's prime reward manager)."""
     async def go():
-        client = RewardClient(ClientConfig(url, timeout_s=300, max_concurrency=concurrency))
-        start = time.perf_counter()
-        await asyncio.gather(*(client.score_one(it) for it in items))
-        elapsed = time.perf_counter() - start
-        await client.aclose()
-        return len(items) / elapsed
+        gate = asyncio.Semaphore(in_flight)
+        limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+            async def one(item):
+                async with gate:
+                    resp = await http.post(f"{url}/score", json={"items": [item]})
+                    resp.raise_for_status()
+                    return resp.json()["results"][0]
+            return await asyncio.gather(*(one(it) for it in items))
     return asyncio.run(go())
 
 
-def measure(backend: str, batch: int, replicas: int, mode: str, items: list[dict], concurrency: int,
-            log_dir: Path) -> float:
-    server = ServerProcess([f"reward.backend={backend}", f"reward.max_batch_size={batch}", "reward.cpus_per_replica=1",
-                            f"reward.num_replicas={replicas}", "reward.batch_wait_timeout_s=0.02"],
-                           log_path=log_dir / f"{mode}.log").wait()
-    try:
-        warm = make_items(8, seed=99)
-        sequential(server.url, warm)            # load models, fill caches
-        rates = [sequential(server.url, items) if mode == "reference" else concurrent(server.url, items, concurrency)
-                 for _ in range(3)]
-        rates.sort()
-        print(f"{mode:9s} batch {batch:3d}, {replicas} replica(s): {', '.join(f'{r:.1f}' for r in rates)} samples/s "
-              f"(median {rates[1]:.1f})")
-        return rates[1]
-    finally:
-        server.stop()
+def sequential(url: str, items: list[dict]) -> list[dict]:
+    with httpx.Client(timeout=600) as http:
+        out = []
+        for item in items:
+            resp = http.post(f"{url}/score", json={"items": [item]})
+            resp.raise_for_status()
+            out.append(resp.json()["results"][0])
+        return out
+
+
+def ours(url: str, items: list[dict], request_items: int) -> list[dict]:
+    """Every sample through the training client at once, as verl's reward loop calls it."""
+    async def go():
+        client = RewardClient(ClientConfig(url, timeout_s=600, max_items_per_request=request_items))
+        try:
+            return await asyncio.gather(*(client.score_one(it) for it in items))
+        finally:
+            await client.aclose()
+    return asyncio.run(go())
+
+
+def timed(fn, items, repeats: int = 3) -> tuple[float, list[dict]]:
+    """Median samples/s over `repeats` passes (after one warm-up pass) and the last pass's results."""
+    fn(items[: min(len(items), 16)])
+    rates, results = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        results = fn(items)
+        rates.append(len(items) / (time.perf_counter() - start))
+    return statistics.median(rates), results
+
+
+def serve(args, batch: int, log_path: Path) -> ServerProcess:
+    return ServerProcess([f"reward.backend={args.backend}", f"reward.max_batch_size={batch}",
+                          "reward.batch_wait_timeout_s=0.01", f"reward.num_replicas={args.replicas}",
+                          "reward.cpus_per_replica=1", *args.overrides], log_path=log_path).wait(timeout_s=600)
+
+
+def compare(name: str, a: list[dict], b: list[dict]) -> float:
+    """Largest reward difference between two ways' results for the same items."""
+    by_id = {r["id"]: r["reward"] for r in b}
+    diff = max(abs(r["reward"] - by_id[r["id"]]) for r in a)
+    print(f"  rewards {name}: max |difference| {diff:.2e}")
+    return diff
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", default="cosyvoice2", choices=["cosyvoice2", "synthetic"])
-    parser.add_argument("--samples", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--replicas", type=int, default=2, help="replicas of the batched server (the reference: 1)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="synthetic", choices=["cosyvoice2", "synthetic"])
+    parser.add_argument("--items", type=int, default=512)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=32, help="the server's dynamic batch (the reference: 32)")
+    parser.add_argument("--tokens", type=int, default=40, help="speech tokens per item (25 a second)")
+    parser.add_argument("overrides", nargs="*", help="config overrides for the servers, e.g. exp_dir=exp/tiny")
     args = parser.parse_args()
-    items = make_items(args.samples)
+    items = make_items(args.items, tokens=args.tokens)
+    rates, results = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        ref = measure(args.backend, 1, 1, "reference", items, 1, Path(tmp))
-        ours = measure(args.backend, args.batch, args.replicas, "batched", items, args.concurrency, Path(tmp))
-    print(f"ratio: {ours / ref:.2f}x")
-    print(json.dumps({"benchmark": "reward_server", "backend": args.backend, "samples": args.samples,
-                      "reference_samples_per_s": round(ref, 2), "batched_samples_per_s": round(ours, 2),
-                      "ratio": round(ours / ref, 2), "max_batch_size": args.batch, "replicas": args.replicas,
-                      "concurrency": args.concurrency}))
+        server = serve(args, args.batch, Path(tmp) / "batched.log")
+        try:
+            rates["reference"], results["reference"] = timed(lambda its: reference(server.url, its), items)
+            rates["ours"], results["ours"] = timed(lambda its: ours(server.url, its, args.batch), items)
+        finally:
+            server.stop()
+        server = serve(args, 1, Path(tmp) / "sequential.log")
+        try:
+            rates["sequential"], results["sequential"] = timed(lambda its: sequential(server.url, its), items)
+        finally:
+            server.stop()
+    for name in ("reference", "sequential", "ours"):
+        print(f"{name:10s} {rates[name]:8.1f} samples/s")
+    diff = max(compare("ours vs reference", results["ours"], results["reference"]),
+               compare("ours vs sequential", results["ours"], results["sequential"]))
+    ratio = rates["ours"] / rates["reference"]
+    print(f"ours / reference: {ratio:.2f}x")
+    print(json.dumps({"backend": args.backend, "items": args.items, "replicas": args.replicas,
+                      "reference_samples_per_s": round(rates["reference"], 2),
+                      "sequential_samples_per_s": round(rates["sequential"], 2),
+                      "ours_samples_per_s": round(rates["ours"], 2), "ratio_vs_reference": round(ratio, 2),
+                      "max_reward_difference": diff, "batch": args.batch, "tokens_per_item": args.tokens}))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,10 @@ class RewardServer:
         r = conf.reward
         self.backend = build_backend(conf, device="cuda" if r.gpus_per_replica > 0 else "cpu")
         self.limits = limits_from(cfg["reward"])
-        self.scoring = dict(mapping=r.scoring.mapping, scale=r.scoring.scale, ignore_tones=r.scoring.ignore_tones)
+        from reward_server.components import RewardSpec
+
+        self.scoring = dict(mapping=r.scoring.mapping, scale=r.scoring.scale, ignore_tones=r.scoring.ignore_tones,
+                            spec=RewardSpec.from_config(r))
         self.auth_token = r.auth_token
         self.unhealthy_after = r.unhealthy_after_failures
         self.consecutive_failures = 0      # backend calls in a row that failed (reset by any success)
@@ -153,8 +156,8 @@ class RewardServer:
         finally:
             in_flight.dec(len(items))
         self.metrics.request(200, time.perf_counter() - start)
-        return {"results": [r.as_result(it.id) if isinstance(r, ItemFailure) else {**r, "status": "ok"}
-                            for it, r in zip(items, results)]}
+        return {"results": [r.as_result(it.id) if isinstance(r, ItemFailure)
+                            else {**r, "status": "ok", "replica": self.replica} for it, r in zip(items, results)]}
 
     @api.get("/health")
     def health(self):

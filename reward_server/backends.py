@@ -3,6 +3,7 @@
 - `cosyvoice2`: CosyVoice's token2wav (prompt speaker chosen from the sample id, so the same id
   always gets the same speaker), 24 -> 16 kHz, then ASR (SenseVoice) on the whole batch.
 - `synthetic`: the seeded codebook look-up (tiny profile and tests; no audio involved).
+Both give a speaker similarity per item when asked for (reward_server/components.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from reward_server import scoring
+from reward_server.components import RewardSpec, combine, duration_score
 from reward_server.token2wav import stable_hash
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,12 @@ class ScoreItem:
 class Transcript:
     text: str
     units: tuple[str, ...] | None = None    # set when the backend yields units directly (synthetic)
+    sim: float | None = None                # similarity to the item's prompt speaker, when computed
+
+
+def speaker_index(item_id: str, count: int) -> int:
+    """The prompt speaker of a sample: fixed by its id, so a GRPO group shares one speaker."""
+    return stable_hash(item_id) % count
 
 
 class Backend(Protocol):
@@ -42,10 +50,11 @@ class SyntheticBackend:
 
     name = "synthetic"
 
-    def __init__(self, codebook_path):
-        from reward_server.codebook import Codebook
+    def __init__(self, codebook_path, num_speakers: int = 4):
+        from reward_server.codebook import Codebook, SyntheticVoices
 
         self.codebook = Codebook.load(codebook_path)
+        self.voices = SyntheticVoices(self.codebook.speech_token_size, num_speakers, self.codebook.seed)
         log.warning("SYNTHETIC reward backend: transcripts come from a fixed codebook, not from audio "
                     "(%d units, %d tokens). For the tiny profile and tests only.",
                     len(self.codebook.units), self.codebook.speech_token_size)
@@ -54,25 +63,27 @@ class SyntheticBackend:
         out = []
         for item in items:
             units = tuple(self.codebook.transcribe(item.tokens))
-            out.append(Transcript(text=" ".join(units), units=units))
+            sim = self.voices.similarity(item.tokens, speaker_index(item.id, self.voices.num_speakers))
+            out.append(Transcript(text=" ".join(units), units=units, sim=sim))
         return out
 
 
 class CosyVoice2Backend:
-    """token2wav (CosyVoice flow + HiFT) with a deterministic prompt speaker, then batched ASR."""
+    """token2wav (CosyVoice flow + HiFT) with a deterministic prompt speaker, then batched ASR; with a speaker
+    verifier (CosyVoice2's campplus.onnx), each wav's similarity to its prompt speaker's embedding."""
 
     name = "cosyvoice2"
 
-    def __init__(self, token2wav, speakers: dict, asr):
+    def __init__(self, token2wav, speakers: dict, asr, verifier=None):
         from reward_server.asr import ASR_SAMPLE_RATE
 
-        self.token2wav, self.asr = token2wav, asr
+        self.token2wav, self.asr, self.verifier = token2wav, asr, verifier
         self.speaker_names = sorted(speakers)
         self.speakers = speakers
         self.asr_rate = ASR_SAMPLE_RATE
 
     def speaker_for(self, item_id: str) -> str:
-        return self.speaker_names[stable_hash(item_id) % len(self.speaker_names)]
+        return self.speaker_names[speaker_index(item_id, len(self.speaker_names))]
 
     def synthesize(self, items: list[ScoreItem]) -> list:
         """16 kHz audio: the flow runs on the whole batch, HiFT per item, each seeded by its id."""
@@ -84,12 +95,20 @@ class CosyVoice2Backend:
         return [resample(w, self.token2wav.sample_rate, self.asr_rate) for w in wavs]
 
     def transcribe(self, items: list[ScoreItem]) -> list[Transcript]:
-        return [Transcript(text=t) for t in self.asr.transcribe(self.synthesize(items), [it.language for it in items])]
+        wavs = self.synthesize(items)
+        texts = self.asr.transcribe(wavs, [it.language for it in items])
+        if self.verifier is None:
+            return [Transcript(text=t) for t in texts]
+        sims = [self.verifier.similarity_to_embedding(w, self.speakers[self.speaker_for(it.id)]["flow_embedding"])
+                for w, it in zip(wavs, items)]
+        return [Transcript(text=t, sim=s) for t, s in zip(texts, sims)]
 
 
 def score(items: list[ScoreItem], transcripts: list[Transcript], mapping: str = "tanh", scale: float = 3.0,
-          ignore_tones: bool = False) -> list[dict]:
-    """Error rate of each transcript against its reference text, mapped to a reward."""
+          ignore_tones: bool = False, spec: RewardSpec | None = None) -> list[dict]:
+    """Each transcript's error rate against its reference text, the reward components, and their weighted
+    combination (`spec`; default: cer alone)."""
+    spec = spec or RewardSpec()
     results = []
     for item, tr in zip(items, transcripts, strict=True):
         ref = scoring.text_to_units(item.text, item.language, ignore_tones)
@@ -100,8 +119,13 @@ def score(items: list[ScoreItem], transcripts: list[Transcript], mapping: str = 
         else:
             hyp = scoring.text_to_units(tr.text, item.language, ignore_tones)
         c = scoring.units_error_rate(ref, hyp)
-        results.append({"id": item.id, "reward": scoring.reward_from_error_rate(c, mapping, scale),
-                        "error_rate": c, "transcript": tr.text})
+        band = spec.duration_band[item.language]
+        components = {"cer": scoring.reward_from_error_rate(c, mapping, scale),
+                      "duration": duration_score(len(item.tokens), len(ref), band, spec.duration_tolerance)}
+        if tr.sim is not None:
+            components["sim"] = max(0.0, tr.sim)
+        results.append({"id": item.id, "reward": combine(components, spec.weights), "error_rate": c,
+                        "transcript": tr.text, "components": components})
     return results
 
 
@@ -109,13 +133,19 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
     """From the root config: reward.backend, model dirs, prompt speakers, ASR."""
     r = cfg.reward
     if r.backend == "synthetic":
-        return SyntheticBackend(r.codebook.path)
+        return SyntheticBackend(r.codebook.path, r.prompt_speakers.num_tiny)
     if r.backend == "cosyvoice2":
         from reward_server.asr import build_asr
         from reward_server.speakers import load_speakers
         from reward_server.token2wav import Token2Wav
 
         speakers = load_speakers(r.prompt_speakers.features)    # built by stage -1, once, in the driver
+        verifier = None
+        if "sim" in RewardSpec.from_config(r).active:        # a model run per item: only when it counts
+            from grpo.evaluate.speaker_similarity import SpeakerSimilarity
+
+            verifier = SpeakerSimilarity(r.sim.model)
         return CosyVoice2Backend(Token2Wav(cfg.model.cosyvoice_dir, device), speakers,
-                                 build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size))
+                                 build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size),
+                                 verifier)
     raise ValueError(f"unknown reward.backend {r.backend!r}; expected cosyvoice2 or synthetic")

@@ -1,8 +1,10 @@
 """Async client for the reward server, used by training (grpo.train.reward_fn).
 
 verl calls the reward function once per response, concurrently. `score_one` gathers the calls made
-within `batch_wait_s` into one POST (up to `max_items_per_request` items), so a step's responses reach
-the server as a few requests that fill its @serve.batch batches instead of hundreds of tiny ones.
+within `batch_wait_s` into one POST of up to `max_items_per_request` items (default: the server's batch
+size), so a step's responses reach the server as requests that each fill one @serve.batch batch, instead
+of hundreds of one-item requests -- and as several requests, which Serve's router spreads over the
+replicas (a single request of every item would keep one replica busy and the others idle).
 Connection errors, 5xx, 429 and 503 answers, and items the server reports as failed (status "error"),
 are retried with exponential backoff and jitter until `retry_budget_s` has passed (long enough to ride out
 a replica restart) or `retries` attempts were made; then those callers -- and only those -- get
@@ -48,7 +50,7 @@ class ClientConfig:
     max_concurrency: int = 64
     auth_token: str | None = None
     batch_wait_s: float = 0.005
-    max_items_per_request: int = 256
+    max_items_per_request: int = 32     # the server's reward.max_batch_size
 
 
 class _LoopState:

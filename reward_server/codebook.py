@@ -103,3 +103,28 @@ def build_codebook(texts: Iterable[tuple[str, str]], speech_token_size: int,
     for i, token in enumerate(tokens[n_silence:]):
         token_to_unit[token] = i % len(units)
     return Codebook(units=units, token_to_unit=token_to_unit, seed=seed)
+
+
+class SyntheticVoices:
+    """Stand-in speaker verifier for the synthetic backend (no audio exists there): each speech token and each
+    prompt speaker has a seeded voice vector, and an utterance's similarity to its speaker is the cosine of
+    its tokens' mean vector with the speaker's. Tokens that read the same unit differ in voice -- as real
+    speech tokens carry some timbre -- so a policy can learn to sound like the speaker without misreading."""
+
+    def __init__(self, speech_token_size: int, num_speakers: int, seed: int, dim: int = 8):
+        import numpy as np
+
+        gen = np.random.default_rng(seed)
+        self.token_vectors = gen.standard_normal((speech_token_size, dim))
+        self.speaker_vectors = gen.standard_normal((num_speakers, dim))
+
+    @property
+    def num_speakers(self) -> int:
+        return len(self.speaker_vectors)
+
+    def similarity(self, tokens: list[int], speaker: int) -> float:
+        import numpy as np
+
+        voice = self.token_vectors[list(tokens)].mean(axis=0)
+        target = self.speaker_vectors[speaker]
+        return float(voice @ target / (np.linalg.norm(voice) * np.linalg.norm(target) + 1e-12))

@@ -3,7 +3,8 @@
 POST /score  {"items": [{"id": str, "tokens": [int, ...], "text": str, "language": "zh"|"en"}]}
 Every problem of every item is reported, each naming the item index, its id and the field. A valid request
 is answered 200 with one result per item, in order: {"id", "status": "ok", "reward", "error_rate",
-"transcript"} or, for an item the backend failed on, {"id", "status": "error", "error", "detail"}.
+"transcript", "components": {"cer", "duration"[, "sim"]}, "replica"} or, for an item the backend failed on,
+{"id", "status": "error", "error", "detail"}.
 """
 
 from __future__ import annotations

@@ -55,3 +55,25 @@ def synthetic_server(tiny_exp, tmp_path_factory):
     server = ServerProcess(overrides, log_path=tmp_path_factory.mktemp("server") / "synthetic.log").wait()
     yield server
     server.stop()
+
+
+def speaker_embedding_by_hand(wav16k):
+    """The tiny speaker verifier (grpo.model.tiny.TinySpeakerEncoder, seed 0) recomputed independently:
+    kaldi-native-fbank features (a second fbank implementation), mean-normalised, a seed-0 Linear(80, 192),
+    RMS pooling."""
+    import kaldi_native_fbank as knf
+    import numpy as np
+    import torch
+
+    opts = knf.FbankOptions()
+    opts.frame_opts.dither = 0
+    opts.frame_opts.samp_freq = 16000
+    opts.mel_opts.num_bins = 80
+    fbank = knf.OnlineFbank(opts)
+    fbank.accept_waveform(16000, wav16k.tolist())   # unscaled, as the evaluation passes it to kaldi.fbank
+    fbank.input_finished()
+    feats = torch.tensor(np.stack([fbank.get_frame(i) for i in range(fbank.num_frames_ready)]))
+    feats = feats - feats.mean(0, keepdim=True)
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(80, 192)
+    return proj(feats).pow(2).mean(0).sqrt().detach()

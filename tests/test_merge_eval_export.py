@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import free_port
+from conftest import free_port, speaker_embedding_by_hand
 from grpo.evaluate import evaluator as evaluate
 from grpo.model import export
 from grpo.train import merge
@@ -173,42 +173,14 @@ def test_export_loads_into_cosyvoice(tiny_cfg, trained, tmp_path):
 
 @pytest.fixture(scope="module")
 def speaker_onnx(tmp_path_factory):
-    """A tiny ONNX speaker encoder with CAM++'s interface: fbank (1, T, 80) -> embedding (1, 192)."""
-    class Encoder(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.proj = torch.nn.Linear(80, 192)
+    """The tiny profile's ONNX speaker encoder (CAM++'s interface: fbank (1, T, 80) -> embedding (1, 192))."""
+    from grpo.model.tiny import build_speaker_verifier
 
-        def forward(self, feats):
-            return self.proj(feats).pow(2).mean(1).sqrt()     # std pooling (fbank is mean-normalised)
-
-    path = tmp_path_factory.mktemp("spk") / "speaker.onnx"
-    torch.onnx.export(Encoder(), (torch.randn(1, 50, 80),), str(path), input_names=["feats"], output_names=["emb"],
-                      dynamic_axes={"feats": {1: "T"}}, dynamo=False)
-    return path
+    return build_speaker_verifier(tmp_path_factory.mktemp("spk") / "speaker.onnx", seed=0)
 
 
 def speaker_similarity_by_hand(a, b) -> float:
-    """kaldi-native-fbank features (a second fbank implementation), the encoder above in torch, cosine."""
-    import kaldi_native_fbank as knf
-    import numpy as np
-
-    def embed(wav):
-        opts = knf.FbankOptions()
-        opts.frame_opts.dither = 0
-        opts.frame_opts.samp_freq = 16000
-        opts.mel_opts.num_bins = 80
-        fbank = knf.OnlineFbank(opts)
-        fbank.accept_waveform(16000, wav.tolist())   # unscaled, as the evaluation passes it to kaldi.fbank
-        fbank.input_finished()
-        feats = torch.tensor(np.stack([fbank.get_frame(i) for i in range(fbank.num_frames_ready)]))
-        feats = feats - feats.mean(0, keepdim=True)
-        torch.manual_seed(0)
-        proj = torch.nn.Linear(80, 192)
-        return proj(feats).pow(2).mean(0).sqrt().detach()
-
-    x, y = embed(a), embed(b)
+    x, y = speaker_embedding_by_hand(a), speaker_embedding_by_hand(b)
     return float(torch.dot(x, y) / (x.norm() * y.norm()))
 
 

@@ -321,3 +321,55 @@ def test_serve_already_running_elsewhere_is_restarted_alone_and_refused_beside_o
         serve.shutdown()
         ray.shutdown()
         shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def test_a_burst_through_the_client_reaches_every_replica(tiny_exp, codebook, tmp_path):
+    """The client's requests are one server batch each (reward.max_batch_size), so Serve's router spreads a
+    step's burst over the replicas; one request of every item would keep a single replica busy. Right after
+    start-up the proxy's router may know one replica only: the test first waits until /health answers from
+    both."""
+    server = own_server(tiny_exp, tmp_path, "reward.num_replicas=2", "reward.max_batch_size=32")
+    rng = random.Random(17)
+    items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(256)]
+    from grpo.config import load_config
+    from grpo.train.reward_fn import reward_kwargs
+
+    request_items = reward_kwargs(load_config([f"exp_dir={tiny_exp}", "reward.max_batch_size=32"]))[
+        "max_items_per_request"]
+    client = RewardClient(ClientConfig(server.url, max_items_per_request=request_items))
+
+    deadline, seen = time.monotonic() + 60, set()
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, f"the proxy routes to {seen} only"
+        seen.add(httpx.get(f"{server.url}/health").json()["replica"])
+
+    async def run():
+        try:
+            return await asyncio.gather(*(client.score_one(it) for it in items))
+        finally:
+            await client.aclose()
+
+    try:
+        results = asyncio.run(run())
+        assert_exact_rewards(codebook, items, results)
+        assert len({r["replica"] for r in results}) == 2, server.log_path.read_text()[-3000:]
+    finally:
+        server.stop()
+
+
+def test_server_benchmark_three_ways_agree(tiny_exp):
+    """benchmarks/server_bench.py: the reference's way, sequential and ours score the same items identically
+    and its last line is the JSON the README quotes (timings are machine-dependent and not asserted)."""
+    import subprocess
+    import sys
+
+    from grpo.config import REPO_ROOT
+
+    out = subprocess.run([sys.executable, "benchmarks/server_bench.py", "--backend", "synthetic", "--items", "64",
+                          "--replicas", "2", f"exp_dir={tiny_exp}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"backend", "items", "replicas", "reference_samples_per_s", "sequential_samples_per_s",
+            "ours_samples_per_s", "ratio_vs_reference"} <= set(result)
+    assert result["items"] == 64 and result["replicas"] == 2 and result["max_reward_difference"] == 0

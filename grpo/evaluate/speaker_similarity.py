@@ -35,5 +35,12 @@ class SpeakerSimilarity:
         return self.session.run(None, {self.input_name: feats[None].numpy()})[0].reshape(-1)
 
     def similarity(self, a16k: np.ndarray, b16k: np.ndarray) -> float:
-        x, y = self.embed(a16k), self.embed(b16k)
-        return float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y) + 1e-12))
+        return cosine(self.embed(a16k), self.embed(b16k))
+
+    def similarity_to_embedding(self, wav16k: np.ndarray, embedding) -> float:
+        """Against a stored embedding, e.g. a CosyVoice speaker's `flow_embedding` (CAM++ of its prompt clip)."""
+        return cosine(self.embed(wav16k), np.asarray(embedding, dtype=np.float32).reshape(-1))
+
+
+def cosine(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y) + 1e-12))

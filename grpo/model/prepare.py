@@ -20,7 +20,8 @@ from grpo.config import resolve_path
 log = logging.getLogger(__name__)
 
 BUILD_STAMP = ".tiny_build.json"
-TINY_BUILD_VERSION = 2      # bump when grpo.model.tiny builds differently (2: SenseVoice BPE with its tag pieces)
+TINY_BUILD_VERSION = 3      # bump when grpo.model.tiny builds differently (2: SenseVoice BPE with its tag pieces,
+                            # 3: a campplus.onnx stand-in)
 
 
 def _read_rows(paths) -> list[dict]:

@@ -279,7 +279,27 @@ def build_cosyvoice_dir(model_dir: Path, tiny: DictConfig, texts: list[str]) -> 
     configs = load_cosyvoice_yaml(model_dir)
     for name in ("llm", "flow", "hift"):
         torch.save(configs[name].state_dict(), model_dir / f"{name}.pt")
+    build_speaker_verifier(model_dir / "campplus.onnx", tiny.seed)
     log.info("tiny CosyVoice2 dir written: %s (text vocab %d, embedding rows %d)", model_dir, n_text, vocab_size)
+
+
+class TinySpeakerEncoder(torch.nn.Module):
+    """CAM++'s interface (mean-normalised 80-dim fbank (1, T, 80) -> embedding (1, 192)) with one random
+    projection and RMS pooling: the tiny profile's stand-in for CosyVoice2's campplus.onnx."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.proj = torch.nn.Linear(80, 192)
+
+    def forward(self, feats):
+        return self.proj(feats).pow(2).mean(1).sqrt()
+
+
+def build_speaker_verifier(path: Path, seed: int) -> Path:
+    torch.onnx.export(TinySpeakerEncoder(seed), (torch.randn(1, 50, 80),), str(path), input_names=["feats"],
+                      output_names=["emb"], dynamic_axes={"feats": {1: "T"}}, dynamo=False)
+    return path
 
 
 def write_am_mvn(path: Path, dim: int) -> None:

@@ -25,7 +25,7 @@ from grpo.train.grpo_step import actor_config, build_batch, filter_groups, grpo_
 from grpo.train.reward_fn import compute_score, reward_kwargs
 from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
 from grpo.model.speech_vocab import SpeechVocab
-from grpo.train.metrics_log import MetricsLogger, plot_curves
+from grpo.train.metrics_log import MetricsLogger, component_means, plot_curves
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class LocalGRPOTrainer:
             "response_length_mean": float(np.mean([len(r) for _, r in flat])),
             "reward_failures": len(results) - len(ok), "no_speech": sum(s["no_speech"] for s in scored),
             "time_rollout_s": t1 - t0, "time_reward_s": t2 - t1, "lr": self.sched.get_last_lr()[0],
+            **component_means(scored),
         }
         batch, metrics["groups_filtered"] = None, 0
         if ok:   # with reward.on_failure=exclude, failed samples are left out of the update

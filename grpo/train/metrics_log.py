@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
+
+from reward_server.components import COMPONENTS
 
 log = logging.getLogger(__name__)
 
 CURVES = (("reward_mean", "mean reward"), ("error_rate_mean", "mean error rate"))
+COMPONENT_KEYS = tuple(f"reward_{name}" for name in COMPONENTS)     # compute_score's per-component fields
+
+
+def component_means(samples: list[dict]) -> dict:
+    """Per-step means of each reward component (`reward_<name>_mean`) and of the error rate over the samples
+    that have them (NaN: the server did not compute that component)."""
+    out = {}
+    for key in (*COMPONENT_KEYS, "error_rate"):
+        values = [float(s[key]) for s in samples if key in s and s[key] is not None and not math.isnan(float(s[key]))]
+        if values:
+            out[f"{key}_mean"] = sum(values) / len(values)
+    return out
 
 
 class MetricsLogger:
@@ -65,12 +80,19 @@ def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
     rows = read_metrics(metrics_path)
     if not rows:
         return None
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(10, 3.5))
+    components = [k for k in COMPONENT_KEYS if any(f"{k}_mean" in r for r in rows)]
+    panels = [[(key, None)] for key, _ in CURVES] + ([[(f"{k}_mean", k[len("reward_"):]) for k in components]]
+                                                    if components else [])
+    titles = [label for _, label in CURVES] + ["reward components"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5))
     steps = [r["step"] for r in rows]
-    for ax, (key, label) in zip(axes, CURVES):
-        ax.plot(steps, [r.get(key, float("nan")) for r in rows], lw=1.2)
+    for ax, panel, title in zip(axes, panels, titles):
+        for key, label in panel:
+            ax.plot(steps, [r.get(key, float("nan")) for r in rows], lw=1.2, label=label)
+        if len(panel) > 1 or panel[0][1]:
+            ax.legend(fontsize=8)
         ax.set_xlabel("step")
-        ax.set_title(label)
+        ax.set_title(title)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
@@ -99,9 +121,11 @@ VERL_METRICS = {
 }
 
 
-def metrics_from_verl(verl_jsonl: Path) -> list[dict]:
+def metrics_from_verl(verl_jsonl: Path, rollouts_dir: Path | None = None) -> list[dict]:
     """Rows of verl's file logger ({"step", "data"}) in metrics.jsonl's format: the names above, plus every
-    verl metric under its own name. A step logged twice (a resumed run) keeps its last line."""
+    verl metric under its own name. A step logged twice (a resumed run) keeps its last line. verl logs no
+    reward_extra_info while training; its rollout dumps (`trainer.rollout_data_dir`, `<step>.jsonl`) hold
+    each sample's, so the per-step component and error-rate means come from there."""
     by_step: dict[int, dict] = {}
     for line in Path(verl_jsonl).read_text().splitlines():
         if not line.strip():
@@ -112,7 +136,11 @@ def metrics_from_verl(verl_jsonl: Path) -> list[dict]:
         errors = [v for k, v in data.items() if k.endswith("/error_rate/mean") and not k.startswith("val")]
         if errors:
             ours["error_rate_mean"] = errors[0]
-        by_step[int(row["step"])] = {"step": int(row["step"]), **ours, **data}
+        step = int(row["step"])
+        dump = Path(rollouts_dir) / f"{step}.jsonl" if rollouts_dir else None
+        if dump is not None and dump.exists():
+            ours.update(component_means([json.loads(x) for x in dump.read_text().splitlines() if x.strip()]))
+        by_step[step] = {"step": step, **ours, **data}
     return [by_step[s] for s in sorted(by_step)]
 
 

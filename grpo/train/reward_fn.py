@@ -20,6 +20,7 @@ from pathlib import Path
 
 from grpo.model.speech_vocab import speech_token_strings
 from reward_server.client import ClientConfig, RewardClient, RewardServerError
+from reward_server.components import COMPONENTS
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +40,18 @@ def client_for(**config) -> RewardClient:
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
                         timeout_s: float = 120.0, retries: int | None = None, backoff_s: float = 0.5,
                         retry_budget_s: float = 120.0, max_concurrency: int = 64,
-                        auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 256,
+                        auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 32,
                         no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
                         **_ignored) -> dict:
-    """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"}."""
+    """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"} and
+    each reward component as `reward_<name>` (cer, sim, duration; NaN when the server gave none)."""
     if on_failure not in ON_FAILURE:
         raise ValueError(f"reward.on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
     extra_info = extra_info or {}
     tokens = speech_token_strings(solution_str)
     if not tokens:
         return {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1,
-                "reward_failed": 0}
+                "reward_failed": 0, **component_fields({"cer": no_speech_reward, "sim": 0.0, "duration": 0.0})}
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
     client = client_for(url=url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
@@ -64,9 +66,16 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
             raise
         log.exception("reward failed for sample %s; it is excluded from the update", item["id"])
         # exclude: the caller (local engine) masks the sample out by `reward_failed`; the score is never used
-        return {"score": 0.0, "error_rate": float("nan"), "transcript": "", "no_speech": 0, "reward_failed": 1}
+        return {"score": 0.0, "error_rate": float("nan"), "transcript": "", "no_speech": 0, "reward_failed": 1,
+                **component_fields({})}
     return {"score": float(result["reward"]), "error_rate": float(result["error_rate"]),
-            "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0}
+            "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0,
+            **component_fields(result.get("components", {}))}
+
+
+def component_fields(components: dict) -> dict:
+    """Every component under a fixed key (verl's reward_extra_info wants the same keys for every sample)."""
+    return {f"reward_{name}": float(components.get(name, float("nan"))) for name in COMPONENTS}
 
 
 def record_failure(path: str, sample_id: str, exc: Exception) -> None:

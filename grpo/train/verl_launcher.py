@@ -31,6 +31,7 @@ from grpo.train.reward_fn import FAILURE_LOG, reward_kwargs
 log = logging.getLogger(__name__)
 
 VERL_LOG = "verl_metrics.jsonl"       # verl's per-step file log (VERL_FILE_LOGGER_PATH), under train.out_dir
+ROLLOUTS = "rollouts"                # verl's rollout dumps (trainer.rollout_data_dir): <step>.jsonl per step
 
 
 def _value(v) -> str:
@@ -164,6 +165,7 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         "trainer.project_name": t.project_name,
         "trainer.experiment_name": t.experiment_name,
         "trainer.default_local_dir": str(out_dir / "verl_checkpoints"),
+        "trainer.rollout_data_dir": str(out_dir / ROLLOUTS),    # per-sample rewards and components, per step
         "trainer.nnodes": v.nnodes,
         "trainer.n_gpus_per_node": v.n_gpus_per_node,
     }
@@ -252,7 +254,7 @@ def run(cfg: DictConfig) -> int:
     finally:
         kill_tree(proc, ray_temp_dir)     # Ray's own processes outlive a failed or killed driver
     if (out_dir / VERL_LOG).exists():
-        rows = metrics_from_verl(out_dir / VERL_LOG)
+        rows = metrics_from_verl(out_dir / VERL_LOG, out_dir / ROLLOUTS)
         log.info("%d steps logged: %s", len(rows), write_metrics(rows, out_dir))
         png = plot_curves(out_dir / "metrics.jsonl", out_dir / "curves.png")
         if png:

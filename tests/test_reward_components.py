@@ -1,0 +1,92 @@
+"""Composable rewards: the duration band, the weighted combination, the speaker-similarity component of both
+backends, all against hand-derived values."""
+
+import random
+
+import numpy as np
+import pytest
+
+from conftest import speaker_embedding_by_hand
+from reward_server.backends import ScoreItem, build_backend, score
+from reward_server.components import RewardSpec, combine, duration_score
+from reward_server.scoring import reward_from_error_rate, text_to_units
+
+
+@pytest.mark.parametrize("tokens, units, expected", [
+    (20, 4, 1.0),      # 5 tokens a unit: inside [3, 10]
+    (12, 4, 1.0),      # 3: the band's edge
+    (10, 4, 0.6),      # 2.5: 3 / 2.5 - 1 = 0.2 short -> 1 - 0.2 / 0.5
+    (48, 4, 0.6),      # 12: 12 / 10 - 1 = 0.2 over
+    (8, 4, 0.0),       # 2: 0.5 short, at the tolerance
+    (100, 4, 0.0),     # far over: clipped at 0
+    (0, 4, 0.0),
+])
+def test_duration_score_by_hand(tokens, units, expected):
+    assert duration_score(tokens, units, (3.0, 10.0), 0.5) == pytest.approx(expected)
+
+
+def test_combine_is_the_weighted_mean_of_the_weighted_components():
+    parts = {"cer": 0.8, "sim": 0.4, "duration": 0.6}
+    assert combine(parts, {"cer": 1.0, "sim": 0.5, "duration": 0.5}) == pytest.approx((0.8 + 0.2 + 0.3) / 2)
+    assert combine(parts, {"cer": 1.0, "sim": 0.0, "duration": 0.0}) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="sim"):
+        combine({"cer": 0.8}, {"cer": 1.0, "sim": 0.5})
+    with pytest.raises(ValueError, match="unknown component"):
+        RewardSpec(weights={"cer": 1.0, "pitch": 1.0})
+    with pytest.raises(ValueError, match="at least one positive"):
+        RewardSpec(weights={"cer": 0.0})
+
+
+def test_synthetic_backend_components_and_weights(tiny_cfg):
+    """Every component per item; the reward is their weighted mean; the voice stand-in can be learned: for the
+    same reading, the tokens closest to the speaker's voice score a higher similarity than random ones."""
+    cfg = tiny_cfg("reward.weights.cer=1.0", "reward.weights.sim=0.5", "reward.weights.duration=0.5")
+    backend = build_backend(cfg)
+    spec = RewardSpec.from_config(cfg.reward)
+    book, voices = backend.codebook, backend.voices
+    text = "我们一起去公园散步吧"
+    units = text_to_units(text, "zh")
+    rng = random.Random(0)
+    # speaker of the item by hand: sha1 of the id, first 8 bytes, modulo the speaker count
+    import hashlib
+    item_id = "group-7"
+    speaker = int.from_bytes(hashlib.sha1(item_id.encode()).digest()[:8], "big") % 4
+    target = voices.speaker_vectors[speaker]
+
+    def cos(tokens):
+        v = voices.token_vectors[tokens].mean(0)
+        return float(v @ target / np.linalg.norm(v) / np.linalg.norm(target))
+
+    random_tokens = book.tokens_for_units(units, rng)
+    best_tokens = [max(book.tokens_by_unit[book.unit_index[u]], key=lambda t: voices.token_vectors[t] @ target)
+                   for u in units]
+    items = [ScoreItem(item_id, tuple(random_tokens), text), ScoreItem(item_id, tuple(best_tokens), text),
+             ScoreItem(item_id, tuple(best_tokens[:5]), text)]
+    results = score(items, backend.transcribe(items), spec=spec)
+    for it, res in zip(items, results):
+        c = res["error_rate"]
+        expected = {"cer": reward_from_error_rate(c), "sim": max(0.0, cos(list(it.tokens))),
+                    "duration": duration_score(len(it.tokens), len(units), (1.0, 1.5), 0.5)}
+        assert res["components"] == pytest.approx(expected)
+        assert res["reward"] == pytest.approx((expected["cer"] + 0.5 * expected["sim"] + 0.5 * expected["duration"]) / 2)
+    assert results[0]["error_rate"] == results[1]["error_rate"] == 0
+    assert results[1]["components"]["sim"] > results[0]["components"]["sim"] + 0.2
+    assert results[2]["components"]["duration"] == pytest.approx(0.0)   # 5 tokens for 9 syllables: 0.56 per unit
+
+
+def test_cosyvoice2_backend_similarity_to_the_prompt_speaker(tiny_cfg):
+    """sim = cosine of the verifier's embedding of the generated 16 kHz wav with the prompt speaker's stored
+    flow_embedding, recomputed with a second fbank implementation; computed only when its weight is set."""
+    import torch
+
+    plain = build_backend(tiny_cfg("reward.backend=cosyvoice2"))
+    assert plain.verifier is None
+    backend = build_backend(tiny_cfg("reward.backend=cosyvoice2", "reward.weights.sim=1.0"))
+    items = [ScoreItem(f"utt-{i}", tuple(range(100 + 7 * i, 140 + 7 * i)), "今天天气很好") for i in range(3)]
+    transcripts = backend.transcribe(items)
+    for it, wav, tr in zip(items, backend.synthesize(items), transcripts):
+        emb = torch.as_tensor(backend.speakers[backend.speaker_for(it.id)]["flow_embedding"]).reshape(-1).float()
+        x = speaker_embedding_by_hand(wav)
+        assert tr.sim == pytest.approx(float(torch.dot(x, emb) / (x.norm() * emb.norm())), abs=2e-3)
+    results = score(items, transcripts, spec=RewardSpec.from_config(tiny_cfg("reward.weights.sim=1.0").reward))
+    assert {"cer", "sim", "duration"} <= set(results[0]["components"])
