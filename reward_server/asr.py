@@ -45,14 +45,20 @@ class FunASR:
         return out
 
     def _generate(self, wavs: list[np.ndarray], language: str) -> list[str]:
+        """One generate call, the waveforms sorted by length so that funasr's batches (consecutive `batch_size`
+        inputs, padded to the longest) hold similar lengths; results returned in input order."""
         if not wavs:
             return []
-        results = self.model.generate(input=[w.astype(np.float32) for w in wavs], cache={}, language=language,
-                                      use_itn=False, batch_size=self.batch_size, disable_pbar=True)
+        order = sorted(range(len(wavs)), key=lambda i: len(wavs[i]))
+        results = self.model.generate(input=[wavs[i].astype(np.float32) for i in order], cache={},
+                                      language=language, use_itn=False, batch_size=self.batch_size, disable_pbar=True)
         if len(results) != len(wavs):
             raise RuntimeError(f"ASR returned {len(results)} results for {len(wavs)} inputs")
-        # SenseVoice prefixes language/emotion/event tags: <|zh|><|NEUTRAL|><|Speech|><|woitn|>text
-        return [_SENSEVOICE_TAG.sub("", r["text"]).strip() for r in results]
+        out = [""] * len(wavs)
+        for i, r in zip(order, results):
+            # SenseVoice prefixes language/emotion/event tags: <|zh|><|NEUTRAL|><|Speech|><|woitn|>text
+            out[i] = _SENSEVOICE_TAG.sub("", r["text"]).strip()
+        return out
 
 
 class PocketsphinxASR:

@@ -145,7 +145,8 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
             from grpo.evaluate.speaker_similarity import SpeakerSimilarity
 
             verifier = SpeakerSimilarity(r.sim.model)
-        return CosyVoice2Backend(Token2Wav(cfg.model.cosyvoice_dir, device), speakers,
+        t2w = Token2Wav(cfg.model.cosyvoice_dir, device, r.token2wav.dtype, r.token2wav.max_frames_per_batch)
+        return CosyVoice2Backend(t2w, speakers,
                                  build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size),
                                  verifier)
     raise ValueError(f"unknown reward.backend {r.backend!r}; expected cosyvoice2 or synthetic")

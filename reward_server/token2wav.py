@@ -24,10 +24,40 @@ def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big")
 
 
-class Token2Wav:
-    """flow.pt + hift.pt + cosyvoice2.yaml from a CosyVoice2 model directory."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-    def __init__(self, model_dir: str | Path, device: str = "cpu"):
+
+def autocast_dtype(dtype: str, device: str | torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA, float32 (no autocast) elsewhere; or a dtype by name."""
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown token2wav dtype {dtype!r}; expected auto or one of {list(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def length_buckets(lengths: list[int], max_frames: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length: sorted by length, each batch's padded size
+    (count x longest) at most `max_frames` (a longer item goes alone), so little compute goes to padding and
+    one batch's activations stay within a memory budget."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and (len(buckets[-1]) + 1) * lengths[i] <= max_frames:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+class Token2Wav:
+    """flow.pt + hift.pt + cosyvoice2.yaml from a CosyVoice2 model directory.
+
+    `dtype`: the flow under autocast (bf16/fp16 on a GPU; HiFT's STFT stays float32). `max_frames_per_batch`:
+    the padded mel frames (items x longest, prompt included) one flow pass may take."""
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "auto",
+                 max_frames_per_batch: int = 20000):
         from grpo.model.tiny import load_cosyvoice_yaml
 
         model_dir = Path(model_dir)
@@ -41,6 +71,9 @@ class Token2Wav:
         self.hift.to(self.device).eval()
         self.sample_rate = configs.get("sample_rate", SAMPLE_RATE)
         self.feat_extractor = configs.get("feat_extractor")
+        self.dtype = autocast_dtype(dtype, self.device)
+        self.max_frames_per_batch = max_frames_per_batch
+        self.token_mel_ratio = getattr(self.flow, "token_mel_ratio", 2)     # mel frames per speech token
 
     @torch.inference_mode()
     def __call__(self, tokens: list[int], speaker: dict, seed: int = 0) -> np.ndarray:
@@ -75,7 +108,7 @@ class Token2Wav:
 
         flow, cfm, dev = self.flow, self.flow.decoder, self.device
         emb = flow.spk_embed_affine_layer(torch.nn.functional.normalize(
-            torch.cat([spk["flow_embedding"] for spk in speakers]).to(dev), dim=1))
+            torch.cat([spk["flow_embedding"] for spk in speakers]).to(dev), dim=1)).float()
         # the encoder runs per utterance: its look-ahead convolution would read padding in a batch;
         # the 10 guided estimator passes, which dominate the cost, run on the padded batch
         mus = []
@@ -85,7 +118,8 @@ class Token2Wav:
                                 streaming=False)
             mus.append(flow.encoder_proj(h)[0])                         # (T_i, 80)
         mel_len = torch.tensor([len(m) for m in mus], device=dev)
-        mu = torch.nn.utils.rnn.pad_sequence(mus, batch_first=True).transpose(1, 2)   # (B, 80, T)
+        # the Euler solver's state stays float32 under autocast; only the networks run in the lower precision
+        mu = torch.nn.utils.rnn.pad_sequence(mus, batch_first=True).transpose(1, 2).float()   # (B, 80, T)
         prompt_len = [spk["prompt_speech_feat"].shape[1] for spk in speakers]
         cond = torch.zeros_like(mu)
         for i, spk in enumerate(speakers):
@@ -101,17 +135,33 @@ class Token2Wav:
             t, dt = t_span[step - 1], t_span[step] - t_span[step - 1]
             out = cfm.estimator(torch.cat([x, x]), torch.cat([mask, mask]), torch.cat([mu, zeros_mu]),
                                 t.expand(2 * B), torch.cat([emb, zeros_spk]), torch.cat([cond, zeros_mu]),
-                                streaming=False)
+                                streaming=False).float()
             cond_out, uncond_out = out[:B], out[B:]
             x = x + dt * ((1.0 + cfm.inference_cfg_rate) * cond_out - cfm.inference_cfg_rate * uncond_out)
         return [x[i, :, prompt_len[i]:mel_len[i]].float() for i in range(B)]
 
+    def mel_frames(self, tokens: list[int], speaker: dict) -> int:
+        return self.token_mel_ratio * (len(tokens) + speaker["flow_prompt_speech_token"].shape[-1])
+
+    @torch.inference_mode()
+    def mels(self, tokens: list[list[int]], speakers: list[dict]) -> list[torch.Tensor]:
+        """flow_batch over length buckets (autocast to `dtype` where it is not float32), in input order."""
+        lengths = [self.mel_frames(t, spk) for t, spk in zip(tokens, speakers)]
+        out: list[torch.Tensor | None] = [None] * len(tokens)
+        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        for bucket in length_buckets(lengths, self.max_frames_per_batch):
+            with autocast:
+                mels = self.flow_batch([tokens[i] for i in bucket], [speakers[i] for i in bucket])
+            for i, mel in zip(bucket, mels):
+                out[i] = mel.float()
+        return out
+
     @torch.inference_mode()
     def batch(self, tokens: list[list[int]], speakers: list[dict], seeds: list[int]) -> list[np.ndarray]:
-        """Several utterances: the flow in one batched pass, HiFT per utterance (seeded)."""
+        """Several utterances: the flow in length-bucketed batched passes, HiFT per utterance (seeded)."""
         dev = self.device
         wavs = []
-        for mel, seed in zip(self.flow_batch(tokens, speakers), seeds):
+        for mel, seed in zip(self.mels(tokens, speakers), seeds):
             with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
                 torch.manual_seed(seed)
                 wav, _ = self.hift.inference(speech_feat=mel[None], cache_source=torch.zeros(1, 1, 0, device=dev))

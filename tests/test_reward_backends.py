@@ -70,6 +70,43 @@ def test_batched_flow_equals_cosyvoices_own_inference(tiny_cfg):
         torch.testing.assert_close(mel, ref[0], rtol=1e-4, atol=1e-4)
 
 
+def test_length_buckets_by_hand():
+    from reward_server.token2wav import length_buckets
+
+    # sorted: 10 (i3), 20 (i1), 30 (i0), 100 (i2), 400 (i4); cap 60: [10, 20] pads to 2 x 20, adding 30 would
+    # pad to 3 x 30 = 90; [30] alone (30 + 100 -> 200); [100]; 400 is over the cap and goes alone
+    assert length_buckets([30, 20, 100, 10, 400], 60) == [[3, 1], [0], [2], [4]]
+    assert length_buckets([5] * 7, 15) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_bucketed_and_autocast_flow_match_one_batch(tiny_cfg, monkeypatch):
+    """Token2Wav.mels: length buckets under a frame cap give the same mels, in input order, as one padded
+    batch; every flow pass respects the cap; bf16 autocast (CPU here, the GPU default) stays close."""
+    import torch
+
+    from reward_server.token2wav import Token2Wav, tiny_speakers
+
+    model_dir = tiny_cfg().model.cosyvoice_dir
+    speakers = list(tiny_speakers(3, 2, prompt_tokens=10).values())
+    g = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, 6561, (n,), generator=g).tolist() for n in (60, 12, 35, 14, 70, 20)]
+    spk = [speakers[i % 3] for i in range(len(tokens))]
+    reference = Token2Wav(model_dir, max_frames_per_batch=10**9).flow_batch(tokens, spk)
+    t2w = Token2Wav(model_dir, max_frames_per_batch=200)
+    passes = []
+    original = t2w.flow_batch
+    monkeypatch.setattr(t2w, "flow_batch", lambda t, s: passes.append([2 * (len(x) + 10) for x in t]) or original(t, s))
+    for mel, ref in zip(t2w.mels(tokens, spk), reference):
+        torch.testing.assert_close(mel, ref, rtol=1e-4, atol=1e-4)
+    assert len(passes) > 2 and all(len(p) * max(p) <= 200 or len(p) == 1 for p in passes)
+    assert sorted(len(p) for p in passes) != [1] * len(passes)          # some passes batch several items
+    bf16 = Token2Wav(model_dir, dtype="bfloat16")
+    assert bf16.dtype == torch.bfloat16
+    for mel, ref in zip(bf16.mels(tokens, spk), reference):
+        assert mel.dtype == torch.float32 and mel.shape == ref.shape
+        assert 0 < (mel - ref).abs().mean() < 0.05 * ref.abs().mean()      # bf16 really ran; ~1% off here
+
+
 @pytest.mark.server
 def test_cosyvoice2_server_with_bearer_token(tiny_exp, tmp_path):
     import asyncio

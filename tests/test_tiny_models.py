@@ -134,3 +134,24 @@ def test_each_item_is_decoded_in_its_own_language(tiny_cfg, monkeypatch):
     asr.language = "auto"
     asr.transcribe(wavs, ["zh", "en", "zh", "en"])
     assert calls == [("auto", 4)]
+
+
+def test_sensevoice_batches_are_sorted_by_length(tiny_cfg, monkeypatch):
+    """funasr batches consecutive inputs padded to the longest: the waveforms go in sorted by length, the
+    transcripts come back in input order."""
+    from reward_server.asr import FunASR
+
+    asr = FunASR(tiny_cfg().model.sensevoice_dir, batch_size=2)
+    lengths = []
+    generate = asr.model.generate
+
+    def spy(input, **kwargs):
+        lengths.append([len(x) for x in input])
+        return generate(input=input, **kwargs)
+
+    monkeypatch.setattr(asr.model, "generate", spy)
+    rng = np.random.default_rng(4)
+    wavs = [rng.standard_normal(4000 * k).astype(np.float32) * 0.1 for k in (4, 1, 3, 2)]
+    batched = asr.transcribe(wavs, ["zh"] * 4)
+    assert lengths == [[4000, 8000, 12000, 16000]]
+    assert batched == [asr.transcribe([w], ["zh"])[0] for w in wavs]
