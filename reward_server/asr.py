@@ -61,6 +61,61 @@ class FunASR:
         return out
 
 
+class WhisperASR:
+    """Whisper (large-v3 for Seed-TTS-eval's English) through transformers, from a local directory."""
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu", batch_size: int = 16, max_new_tokens: int = 128):
+        import torch
+        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+        if not Path(model_dir, "config.json").exists():
+            raise FileNotFoundError(f"{model_dir}/config.json not found: not a Whisper model directory")
+        self.device, self.batch_size, self.max_new_tokens = device, batch_size, max_new_tokens
+        self.processor = WhisperProcessor.from_pretrained(str(model_dir))
+        dtype = torch.float16 if device.startswith("cuda") else torch.float32
+        self.model = WhisperForConditionalGeneration.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+
+    def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]:
+        import torch
+
+        languages = languages or ["en"] * len(wavs)
+        out: list[str] = [""] * len(wavs)
+        for language in dict.fromkeys(languages):
+            rows = [i for i, lang in enumerate(languages) if lang == language]
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start:start + self.batch_size]
+                feats = self.processor([wavs[i] for i in chunk], sampling_rate=ASR_SAMPLE_RATE, return_tensors="pt")
+                with torch.inference_mode():
+                    ids = self.model.generate(feats.input_features.to(self.device, self.model.dtype),
+                                              language=language, task="transcribe",
+                                              max_new_tokens=self.max_new_tokens)
+                for i, text in zip(chunk, self.processor.batch_decode(ids, skip_special_tokens=True)):
+                    out[i] = text.strip()
+        return out
+
+
+class ByLanguage:
+    """One ASR per language, as Seed-TTS-eval: Paraformer-zh for Chinese, Whisper-large-v3 for English. Each
+    model is loaded on first use."""
+
+    def __init__(self, factories: dict):
+        self.factories, self.models = factories, {}
+
+    def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]:
+        if languages is None:
+            raise ValueError("a per-language ASR needs each waveform's language")
+        out: list[str] = [""] * len(wavs)
+        for language in dict.fromkeys(languages):
+            if language not in self.factories:
+                raise ValueError(f"no evaluation ASR for language {language!r} (have {sorted(self.factories)})")
+            if language not in self.models:
+                self.models[language] = self.factories[language]()
+            rows = [i for i, lang in enumerate(languages) if lang == language]
+            for i, text in zip(rows, self.models[language].transcribe([wavs[i] for i in rows], [language] * len(rows))):
+                out[i] = text
+        return out
+
+
 class PocketsphinxASR:
     """CMU PocketSphinx with its bundled en-us model: a real English ASR that installs offline (tests)."""
 
@@ -85,6 +140,8 @@ def build_asr(kind: str, model_dir: str | Path | None = None, device: str = "cpu
               batch_size: int = 16) -> ASR:
     if kind in ("sensevoice", "paraformer"):
         return FunASR(model_dir, device=device, language=language, batch_size=batch_size)
+    if kind == "whisper":
+        return WhisperASR(model_dir, device=device, batch_size=batch_size)
     if kind == "pocketsphinx":
         return PocketsphinxASR()
-    raise ValueError(f"unknown ASR {kind!r}; expected sensevoice, paraformer or pocketsphinx")
+    raise ValueError(f"unknown ASR {kind!r}; expected sensevoice, paraformer, whisper or pocketsphinx")

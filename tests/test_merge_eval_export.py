@@ -226,3 +226,48 @@ def test_evaluate_reports_speaker_similarity_with_prompt_wavs(tiny_cfg, speaker_
         sims.append(speaker_similarity_by_hand(resample(generated, sr, 16000), prompts[it["id"]]))
     assert report["sim"] == pytest.approx(sum(sims) / 3, abs=2e-3)
     assert f"{report['sim']:.3f}" in (out / "report.md").read_text()
+
+
+def transcribe_directly(model_dir, language, wav16k):
+    """The evaluation ASRs called through their own libraries (funasr's AutoModel, transformers' Whisper)."""
+    import numpy as np
+
+    if language == "zh":
+        from funasr import AutoModel
+
+        model = AutoModel(model=str(model_dir), disable_update=True, log_level="ERROR")
+        return model.generate(input=[wav16k.astype(np.float32)], disable_pbar=True)[0]["text"].strip()
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    processor = WhisperProcessor.from_pretrained(model_dir)
+    model = WhisperForConditionalGeneration.from_pretrained(model_dir)
+    feats = processor([wav16k], sampling_rate=16000, return_tensors="pt").input_features
+    ids = model.generate(feats, language="en", task="transcribe", max_new_tokens=128)
+    return processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
+
+
+@pytest.mark.parametrize("asr", ["seedtts", "whisper"])
+def test_evaluation_asr_follows_seed_tts_eval(tiny_cfg, tmp_path, asr):
+    """eval.asr=seedtts: Chinese items through Paraformer-zh, English ones through Whisper (random-weight
+    builds of stage -1, real layouts); eval.asr=whisper: Whisper for all. Each transcript in the report equals
+    what that model, called through its own library, makes of the written wav."""
+    import soundfile as sf
+
+    from reward_server.token2wav import resample
+
+    cfg = tiny_cfg()
+    zh = [json.loads(line) for line in Path("data/zero_shot_tiny.jsonl").read_text().splitlines()[:2]]
+    en = [{**it, "id": f"en_{k}", "text": text, "language": "en"}
+          for k, (it, text) in enumerate(zip(zh, ["Time flies.", "Good morning to you."]))]
+    items = (zh if asr == "seedtts" else []) + en
+    (tmp_path / "set.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
+    out = tmp_path / "eval"
+    assert evaluate.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
+                                 "eval.checkpoints=[base]", f"eval.asr={asr}")) == 0
+    rows = {row["id"]: row for row in read_tsv(out / "base.tsv")}
+    assert set(rows) == {it["id"] for it in items}
+    for it in items:
+        wav, sr = sf.read(out / "base" / f"{it['id']}.wav", dtype="float32")
+        model_dir = cfg.model.paraformer_dir if it["language"] == "zh" else cfg.model.whisper_dir
+        assert rows[it["id"]]["transcript"] == transcribe_directly(model_dir, it["language"], resample(wav, sr, 16000))
+    assert all(row["transcript"] for row in rows.values())         # random weights, but every model speaks

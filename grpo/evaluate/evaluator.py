@@ -110,10 +110,17 @@ class Evaluator:
             from reward_server.codebook import Codebook
 
             return Codebook.load(self.cfg.reward.codebook.path)
-        from reward_server.asr import build_asr
+        from reward_server.asr import ByLanguage, build_asr
 
-        model_dir = self.e.paraformer_dir if self.e.asr == "paraformer" else self.cfg.model.sensevoice_dir
-        return build_asr(self.e.asr, model_dir, "cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        m = self.cfg.model
+        dirs = {"sensevoice": m.sensevoice_dir, "paraformer": m.paraformer_dir, "whisper": m.whisper_dir}
+        if self.e.asr == "seedtts":        # Seed-TTS-eval: Paraformer-zh for Chinese, Whisper-large-v3 for English
+            return ByLanguage({"zh": lambda: build_asr("paraformer", dirs["paraformer"], device),
+                               "en": lambda: build_asr("whisper", dirs["whisper"], device)})
+        if self.e.asr not in dirs:
+            raise ValueError(f"eval.asr must be seedtts, {', '.join(dirs)} or synthetic, got {self.e.asr!r}")
+        return build_asr(self.e.asr, dirs[self.e.asr], device)
 
     def generate(self, model_dir: Path) -> list[list[int]]:
         self.engine.load_weights_from(model_dir)

@@ -59,6 +59,7 @@ def _stamp(cfg: DictConfig) -> str:
 
 def build_tiny(cfg: DictConfig) -> None:
     from grpo.model import tiny as tiny_models
+    from grpo.model.tiny_eval_asr import build_paraformer_dir, build_whisper_dir
     from grpo.model.warm_start import warm_start
     from reward_server.token2wav import tiny_speakers
 
@@ -72,6 +73,8 @@ def build_tiny(cfg: DictConfig) -> None:
     texts = [t for t, _ in codebook_texts(cfg)]
     tiny_models.build_cosyvoice_dir(cv_dir, tiny, texts)
     tiny_models.build_sensevoice_dir(sv_dir, tiny.sensevoice, texts, tiny.seed)
+    build_paraformer_dir(resolve_path(cfg.model.paraformer_dir), tiny.paraformer, texts, tiny.seed)
+    build_whisper_dir(resolve_path(cfg.model.whisper_dir), tiny.whisper, texts, tiny.seed)
     codebook = build_default_codebook(cfg)
     codebook.save(resolve_path(cfg.reward.codebook.path))
     torch.save(tiny_speakers(cfg.reward.prompt_speakers.num_tiny, tiny.seed, speech_token_size=tiny.speech_token_size),
@@ -88,16 +91,26 @@ def build_tiny(cfg: DictConfig) -> None:
 
 
 def download(cfg: DictConfig) -> None:
-    """Real models from ModelScope (needs the internet; not reachable on the CPU dev machines)."""
+    """Real models (needs the internet; not reachable on the CPU dev machines): CosyVoice2, SenseVoice and
+    Paraformer-zh from ModelScope, Whisper-large-v3 from the Hugging Face hub (the evaluation ASRs of
+    Seed-TTS-eval)."""
+    from huggingface_hub import snapshot_download as hf_download
     from modelscope import snapshot_download
 
-    for key, target in (("cosyvoice", cfg.model.cosyvoice_dir), ("sensevoice", cfg.model.sensevoice_dir)):
+    m = cfg.model
+    wanted = [("cosyvoice", m.cosyvoice_dir, "llm.pt"), ("sensevoice", m.sensevoice_dir, "model.pt"),
+              ("paraformer", m.paraformer_dir, "model.pt"), ("whisper", m.whisper_dir, "model.safetensors")]
+    for key, target, marker in wanted:
         target = resolve_path(target)
-        if (target / ("llm.pt" if key == "cosyvoice" else "model.pt")).exists():
+        if (target / marker).exists():
             log.info("%s already present in %s", key, target)
-            continue
-        log.info("downloading %s -> %s", cfg.model.modelscope[key], target)
-        snapshot_download(cfg.model.modelscope[key], local_dir=str(target))
+        elif key in m.get("huggingface", {}):
+            log.info("downloading %s from the Hugging Face hub -> %s", m.huggingface[key], target)
+            hf_download(m.huggingface[key], local_dir=str(target),
+                        allow_patterns=["*.json", "*.txt", "model.safetensors"])     # not the .bin/flax copies
+        else:
+            log.info("downloading %s from ModelScope -> %s", m.modelscope[key], target)
+            snapshot_download(m.modelscope[key], local_dir=str(target))
 
 
 def convert(cfg: DictConfig) -> dict:

@@ -1,0 +1,164 @@
+"""Random-weight builds, in the real file layouts, of the evaluation ASR models Seed-TTS-eval uses:
+Paraformer-zh (funasr: config.yaml, model.pt, tokens.json, am.mvn) and Whisper-large-v3 (transformers:
+config.json, generation_config.json, model.safetensors, tokenizer and preprocessor files). The tiny profile
+and the tests load them through the same code as the downloaded models."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+PARAFORMER_YAML = """\
+# Tiny Paraformer-zh config written by cosyvoice-grpo (random weights; the layout of
+# iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch).
+encoder: SANMEncoder
+encoder_conf:
+    output_size: {output_size}
+    attention_heads: {heads}
+    linear_units: {linear_units}
+    num_blocks: {num_blocks}
+    dropout_rate: 0.1
+    positional_dropout_rate: 0.1
+    attention_dropout_rate: 0.1
+    input_layer: pe
+    pos_enc_class: SinusoidalPositionEncoder
+    normalize_before: true
+    kernel_size: 11
+    sanm_shfit: 0
+    selfattention_layer_type: sanm
+
+decoder: ParaformerSANMDecoder
+decoder_conf:
+    attention_heads: {heads}
+    linear_units: {linear_units}
+    num_blocks: {decoder_blocks}
+    dropout_rate: 0.1
+    positional_dropout_rate: 0.1
+    self_attention_dropout_rate: 0.1
+    src_attention_dropout_rate: 0.1
+    att_layer_num: {decoder_blocks}
+    kernel_size: 11
+    sanm_shfit: 0
+
+predictor: CifPredictorV2
+predictor_conf:
+    idim: {output_size}
+    threshold: 1.0
+    l_order: 1
+    r_order: 1
+    tail_threshold: 0.45
+
+model: Paraformer
+model_conf:
+    ctc_weight: 0.0
+    lsm_weight: 0.1
+    length_normalized_loss: true
+    predictor_weight: 1.0
+    predictor_bias: 1
+    sampling_ratio: 0.75
+
+frontend: WavFrontend
+frontend_conf:
+    fs: 16000
+    window: hamming
+    n_mels: 80
+    frame_length: 25
+    frame_shift: 10
+    lfr_m: 7
+    lfr_n: 6
+    cmvn_file: null
+
+tokenizer: CharTokenizer
+tokenizer_conf:
+    unk_symbol: <unk>
+    split_with_space: true
+"""
+
+
+def char_inventory(texts: list[str]) -> list[str]:
+    """Paraformer-zh's token list shape: <blank>, <s>, </s>, the characters (English as words), <unk>."""
+    chars = sorted({ch for t in texts for ch in t if not ch.isspace()})
+    return ["<blank>", "<s>", "</s>", *chars, "<unk>"]
+
+
+def build_paraformer_dir(out_dir: Path, sizes: DictConfig, texts: list[str], seed: int) -> None:
+    from funasr.models.paraformer.model import Paraformer
+    from omegaconf import OmegaConf
+
+    from grpo.model.tiny import write_am_mvn
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokens = char_inventory(texts)
+    (out_dir / "tokens.json").write_text(json.dumps(tokens, ensure_ascii=False), encoding="utf-8")
+    yaml_text = PARAFORMER_YAML.format(**{k: sizes[k] for k in ("output_size", "heads", "linear_units",
+                                                                 "num_blocks", "decoder_blocks")})
+    (out_dir / "config.yaml").write_text(yaml_text, encoding="utf-8")
+    write_am_mvn(out_dir / "am.mvn", 80 * 7)
+    conf = OmegaConf.create(yaml_text)
+    torch.manual_seed(seed)
+    model = Paraformer(encoder=conf.encoder, encoder_conf=OmegaConf.to_container(conf.encoder_conf),
+                       decoder=conf.decoder, decoder_conf=OmegaConf.to_container(conf.decoder_conf),
+                       predictor=conf.predictor, predictor_conf=OmegaConf.to_container(conf.predictor_conf),
+                       input_size=80 * 7, vocab_size=len(tokens), **OmegaConf.to_container(conf.model_conf))
+    with torch.no_grad():     # random CIF weights rarely fire; a positive bias makes tokens come out
+        model.predictor.cif_output.bias.fill_(2.0)
+    torch.save(model.state_dict(), out_dir / "model.pt")
+    log.info("tiny Paraformer dir written: %s (%d tokens)", out_dir, len(tokens))
+
+
+def whisper_special_tokens() -> list[str]:
+    """Whisper-large-v3's added tokens, in its order: end of text, start of transcript, the 100 languages,
+    tasks, the other markers, and the timestamps 0.00 .. 30.00."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return (["<|endoftext|>", "<|startoftranscript|>", *[f"<|{code}|>" for code in LANGUAGES],
+             "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+             "<|notimestamps|>"] + [f"<|{k * 0.02:.2f}|>" for k in range(1501)])
+
+
+def build_whisper_dir(out_dir: Path, sizes: DictConfig, texts: list[str], seed: int) -> None:
+    """A byte-level BPE of the given texts plus Whisper's added tokens, a WhisperForConditionalGeneration with
+    Whisper-large-v3's interface (128 mel bins, 30 s windows), its generation config and feature extractor."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,
+                              WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizer)
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=sizes.text_vocab_size, show_progress=False,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    state = json.loads(bpe.to_str())["model"]
+    tokenizer = WhisperTokenizer(vocab=state["vocab"], merges=[tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+                                                               for m in state["merges"]])
+    specials = whisper_special_tokens()
+    tokenizer.add_tokens(specials[1:], special_tokens=True)     # <|endoftext|> is already there
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in specials}
+    feature_extractor = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000)
+    WhisperProcessor(feature_extractor=feature_extractor, tokenizer=tokenizer).save_pretrained(out_dir)
+    eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
+    config = WhisperConfig(vocab_size=len(tokenizer), num_mel_bins=128, d_model=sizes.d_model,
+                           encoder_layers=sizes.layers, decoder_layers=sizes.layers,
+                           encoder_attention_heads=sizes.heads, decoder_attention_heads=sizes.heads,
+                           encoder_ffn_dim=4 * sizes.d_model, decoder_ffn_dim=4 * sizes.d_model,
+                           max_source_positions=1500, max_target_positions=448, pad_token_id=eot, bos_token_id=eot,
+                           eos_token_id=eot, decoder_start_token_id=sot)
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot, max_length=448,
+        is_multilingual=True, lang_to_id={f"<|{c}|>": ids[f"<|{c}|>"] for c in LANGUAGES},
+        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        no_timestamps_token_id=ids["<|notimestamps|>"], prev_sot_token_id=ids["<|startofprev|>"],
+        begin_suppress_tokens=[eot], max_initial_timestamp_index=50,
+        # the real config suppresses symbols; random weights would mostly emit markers, so suppress those
+        suppress_tokens=[ids[tok] for tok in specials[2:specials.index("<|notimestamps|>") + 1]])
+    model.save_pretrained(out_dir)
+    log.info("tiny Whisper dir written: %s (vocab %d)", out_dir, len(tokenizer))
