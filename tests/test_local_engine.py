@@ -82,6 +82,9 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tiny_exp, synthet
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
         assert a["pg_loss"] == pytest.approx(b["pg_loss"], rel=1e-3, abs=1e-5)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]
+    for m in ref:       # every component logged; with the default weights the reward is the cer component
+        assert {"reward_cer_mean", "reward_sim_mean", "reward_duration_mean"} <= set(m)
+        assert m["reward_mean"] == pytest.approx(m["reward_cer_mean"]) and 0 <= m["reward_duration_mean"] <= 1
 
 
 @pytest.fixture(scope="module")

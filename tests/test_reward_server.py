@@ -357,6 +357,70 @@ def test_a_burst_through_the_client_reaches_every_replica(tiny_exp, codebook, tm
         server.stop()
 
 
+def test_serve_already_running_elsewhere_is_restarted_alone_and_refused_beside_other_apps(tiny_cfg):
+    """serve.start ignores new HTTP options when Serve runs: with another application there, deploy stops with
+    the running options and that app's name; once it is alone, Serve is restarted on our port."""
+    import ray
+    from ray import serve
+
+    from conftest import free_port
+    from reward_server.app import build_app
+    from reward_server.serve import APP_NAME, ServeConflict, deploy
+
+    first, ours = free_port(), free_port()
+    cfg = tiny_cfg("reward.backend=synthetic", f"reward.port={ours}")
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")     # Ray's socket paths must stay under 108 bytes
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, logging_level="ERROR")
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": first})
+        serve.run(build_app(cfg), name="someone_elses", route_prefix="/other", blocking=False)
+        with pytest.raises(ServeConflict, match=rf"127\.0\.0\.1:{first}.*someone_elses.*reward\.port={first}"):
+            deploy(cfg)
+        assert httpx.get(f"http://127.0.0.1:{first}/other/health", timeout=10).status_code == 200   # left alone
+        serve.delete("someone_elses")
+        deploy(cfg)
+        assert APP_NAME in serve.status().applications
+        assert httpx.get(f"http://127.0.0.1:{ours}/health", timeout=30).json()["backend"] == "synthetic"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def test_a_burst_through_the_client_reaches_every_replica(tiny_exp, codebook, tmp_path):
+    """The client's requests are one server batch each (reward.max_batch_size), so Serve's router spreads a
+    step's burst over the replicas; one request of every item would keep a single replica busy. Right after
+    start-up the proxy's router may know one replica only: the test first waits until /health answers from
+    both."""
+    server = own_server(tiny_exp, tmp_path, "reward.num_replicas=2", "reward.max_batch_size=32")
+    rng = random.Random(17)
+    items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(256)]
+    from grpo.config import load_config
+    from grpo.train.reward_fn import reward_kwargs
+
+    request_items = reward_kwargs(load_config([f"exp_dir={tiny_exp}", "reward.max_batch_size=32"]))[
+        "max_items_per_request"]
+    client = RewardClient(ClientConfig(server.url, max_items_per_request=request_items))
+
+    deadline, seen = time.monotonic() + 60, set()
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, f"the proxy routes to {seen} only"
+        seen.add(httpx.get(f"{server.url}/health").json()["replica"])
+
+    async def run():
+        try:
+            return await asyncio.gather(*(client.score_one(it) for it in items))
+        finally:
+            await client.aclose()
+
+    try:
+        results = asyncio.run(run())
+        assert_exact_rewards(codebook, items, results)
+        assert len({r["replica"] for r in results}) == 2, server.log_path.read_text()[-3000:]
+    finally:
+        server.stop()
+
+
 def test_server_benchmark_three_ways_agree(tiny_exp):
     """benchmarks/server_bench.py: the reference's way, sequential and ours score the same items identically
     and its last line is the JSON the README quotes (timings are machine-dependent and not asserted)."""

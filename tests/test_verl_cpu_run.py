@@ -36,6 +36,13 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     rows = read_metrics(out / "metrics.jsonl")                 # the local engine's format, from verl's log
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["response_length_mean"] > 0 for r in rows)
+    samples = [json.loads(x) for x in (out / verl_launcher.COMPONENT_LOG).read_text().splitlines()]
+    assert sorted({x["step"] for x in samples}) == [0, 1]      # verl tags a step's prompts one step early
+    for r in rows:   # each sample's components under its batch; the default weights make reward = cer
+        batch = [x for x in samples if x["step"] == r["step"] - 1]
+        assert len(batch) == 16 and r["reward_cer_mean"] == pytest.approx(sum(x["reward_cer"] for x in batch) / 16)
+        assert r["reward_mean"] == pytest.approx(r["reward_cer_mean"], abs=1e-6)
+        assert {"reward_sim_mean", "reward_duration_mean", "error_rate_mean"} <= set(r)
     # the responses of both steps (4 prompts x 4 samples x 2) went to the real reward server; a response
     # without speech tokens is scored without it (reward.no_speech_reward), so allow a few
     assert 24 <= items_scored(synthetic_server.url) - before <= 32

@@ -94,10 +94,10 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
             out_channels: 80
             channels: [{decoder_channels}]
             dropout: 0.0
-            attention_head_dim: 32
+            attention_head_dim: {decoder_head_dim}
             n_blocks: {decoder_blocks}
             num_mid_blocks: {mid_blocks}
-            num_heads: 2
+            num_heads: {decoder_heads}
             act_fn: 'gelu'
             static_chunk_size: !ref <token_frame_rate> * <token_mel_ratio>
             num_decoding_left_chunks: 2
@@ -249,6 +249,8 @@ def write_cosyvoice_yaml(model_dir: Path, tiny: DictConfig) -> Path:
         decoder_channels=tiny.flow.decoder_channels,
         decoder_blocks=tiny.flow.decoder_blocks,
         mid_blocks=tiny.flow.mid_blocks,
+        decoder_heads=tiny.flow.get("decoder_heads", 2),
+        decoder_head_dim=tiny.flow.get("decoder_head_dim", 32),
         hift_channels=tiny.hift.base_channels,
     )
     path = model_dir / "cosyvoice2.yaml"

@@ -121,11 +121,16 @@ VERL_METRICS = {
 }
 
 
-def metrics_from_verl(verl_jsonl: Path, rollouts_dir: Path | None = None) -> list[dict]:
+def metrics_from_verl(verl_jsonl: Path, component_log: Path | None = None) -> list[dict]:
     """Rows of verl's file logger ({"step", "data"}) in metrics.jsonl's format: the names above, plus every
-    verl metric under its own name. A step logged twice (a resumed run) keeps its last line. verl logs no
-    reward_extra_info while training; its rollout dumps (`trainer.rollout_data_dir`, `<step>.jsonl`) hold
-    each sample's, so the per-step component and error-rate means come from there."""
+    verl metric under its own name. A step logged twice (a resumed run) keeps its last line.
+
+    verl 0.9.1 logs no reward extras while training: the per-step component and error-rate means come from
+    `component_log` (one line per scored sample with its score, tagged with the `global_steps` verl gave its
+    prompt batch; grpo.train.reward_fn.log_components). The v1 trainer keeps a prompt batch in flight, so
+    the tag may read one less than the step that trains on it (measured: 0 for step 1). A step takes the
+    samples of the tag (step - 1 or step) whose mean score is its own critic/score/mean; a step that
+    matches neither gets no component means (and a warning), never another step's."""
     by_step: dict[int, dict] = {}
     for line in Path(verl_jsonl).read_text().splitlines():
         if not line.strip():
@@ -133,15 +138,34 @@ def metrics_from_verl(verl_jsonl: Path, rollouts_dir: Path | None = None) -> lis
         row = json.loads(line)
         data = {k: v for k, v in row["data"].items() if isinstance(v, (int, float))}
         ours = {new: data[old] for old, new in VERL_METRICS.items() if old in data}
-        errors = [v for k, v in data.items() if k.endswith("/error_rate/mean") and not k.startswith("val")]
-        if errors:
-            ours["error_rate_mean"] = errors[0]
-        step = int(row["step"])
-        dump = Path(rollouts_dir) / f"{step}.jsonl" if rollouts_dir else None
-        if dump is not None and dump.exists():
-            ours.update(component_means([json.loads(x) for x in dump.read_text().splitlines() if x.strip()]))
-        by_step[step] = {"step": step, **ours, **data}
+        by_step[int(row["step"])] = {"step": int(row["step"]), **ours, **data}
+    tagged: dict[int, list[dict]] = {}
+    if component_log is not None and Path(component_log).exists():
+        for line in Path(component_log).read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                tagged.setdefault(int(record["step"]), []).append(record)
+    for step, row in by_step.items() if tagged else ():
+        for tag in (step - 1, step):
+            scores = [r["score"] for r in tagged.get(tag, [])]
+            if scores and "reward_mean" in row and math.isclose(sum(scores) / len(scores), row["reward_mean"],
+                                                                 rel_tol=1e-6, abs_tol=1e-9):
+                row.update(component_means(tagged[tag]))
+                break
+        else:
+            log.warning("step %d: no logged samples match its mean score; its reward components are left out", step)
     return [by_step[s] for s in sorted(by_step)]
+
+
+def components_to_tensorboard(rows: list[dict], log_dir: Path) -> None:
+    """The per-step reward-component means (which verl's own TensorBoard log lacks) as train/<name> scalars."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(log_dir)) as tb:
+        for row in rows:
+            for key in (*(f"{k}_mean" for k in COMPONENT_KEYS), "error_rate_mean"):
+                if key in row:
+                    tb.add_scalar(f"train/{key}", row[key], row["step"])
 
 
 def write_metrics(rows: list[dict], out_dir: Path) -> Path:

@@ -4,7 +4,7 @@ verl 0.9.1's reward loop awaits `compute_score(data_source, solution_str, ground
 **reward_kwargs)` with the response decoded by `tokenizer.decode(..., skip_special_tokens=True)`,
 so speech tokens arrive as `<|s_N|>` strings. Keys in `reward_kwargs` (set by the launcher from
 `reward.*`): url, timeout_s, retries, backoff_s, retry_budget_s, max_concurrency, auth_token, batch_wait_s,
-max_items_per_request, no_speech_reward, on_failure, failure_log. Concurrent calls are sent to the server
+max_items_per_request, no_speech_reward, on_failure, failure_log, component_log. Concurrent calls are sent to the server
 together (reward_server.client). Every failure (after the client's retries) is also appended to
 `failure_log`: verl's agent loop catches a raising reward per sample and drops the group, so the verl
 launcher watches that file and fails the run (on_failure=raise) instead of training on silently
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 _CLIENTS: dict[tuple, RewardClient] = {}
 ON_FAILURE = ("raise", "exclude")
 FAILURE_LOG = "reward_failures.jsonl"     # one line per sample whose reward failed after the client's retries
+COMPONENT_LOG = "reward_components.jsonl"  # verl engine: one line per scored sample, {"step", "reward_<name>"...}
 
 
 def client_for(**config) -> RewardClient:
@@ -42,7 +43,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
                         retry_budget_s: float = 120.0, max_concurrency: int = 64,
                         auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 32,
                         no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
-                        **_ignored) -> dict:
+                        component_log: str | None = None, **_ignored) -> dict:
     """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"} and
     each reward component as `reward_<name>` (cer, sim, duration; NaN when the server gave none)."""
     if on_failure not in ON_FAILURE:
@@ -50,8 +51,10 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     extra_info = extra_info or {}
     tokens = speech_token_strings(solution_str)
     if not tokens:
-        return {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1,
-                "reward_failed": 0, **component_fields({"cer": no_speech_reward, "sim": 0.0, "duration": 0.0})}
+        out = {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1,
+               "reward_failed": 0, **component_fields({"cer": no_speech_reward, "sim": 0.0, "duration": 0.0})}
+        log_components(component_log, extra_info, out)
+        return out
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
     client = client_for(url=url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
@@ -68,9 +71,19 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
         # exclude: the caller (local engine) masks the sample out by `reward_failed`; the score is never used
         return {"score": 0.0, "error_rate": float("nan"), "transcript": "", "no_speech": 0, "reward_failed": 1,
                 **component_fields({})}
-    return {"score": float(result["reward"]), "error_rate": float(result["error_rate"]),
-            "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0,
-            **component_fields(result.get("components", {}))}
+    out = {"score": float(result["reward"]), "error_rate": float(result["error_rate"]),
+           "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0,
+           **component_fields(result.get("components", {}))}
+    log_components(component_log, extra_info, out)
+    return out
+
+
+def log_components(path: str | None, extra_info: dict, out: dict) -> None:
+    """verl engine: the sample's components under its training step (the agent loop puts `global_steps` in
+    extra_info); verl 0.9.1 logs no reward extras while training, so the launcher averages these per step."""
+    if path and extra_info.get("global_steps") is not None:
+        append_line(path, {"step": int(extra_info["global_steps"]), "score": out["score"],
+                           "error_rate": out["error_rate"], **{k: out[k] for k in out if k.startswith("reward_") and k != "reward_failed"}})
 
 
 def component_fields(components: dict) -> dict:
@@ -79,8 +92,13 @@ def component_fields(components: dict) -> dict:
 
 
 def record_failure(path: str, sample_id: str, exc: Exception) -> None:
+    append_line(path, {"time": time.time(), "id": sample_id, "error": f"{type(exc).__name__}: {exc}"[:500]})
+
+
+def append_line(path: str, record: dict) -> None:
+    """One JSON line, appended in a single write (several reward workers append to the same file)."""
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"time": time.time(), "id": sample_id, "error": f"{type(exc).__name__}: {exc}"[:500]}) + "\n")
+        f.write(json.dumps(record) + "\n")
 
 
 def reward_kwargs(cfg) -> dict:
@@ -92,4 +110,5 @@ def reward_kwargs(cfg) -> dict:
             "batch_wait_s": r.client.batch_wait_s,
             "max_items_per_request": min(r.client.max_items_per_request, r.limits.max_items_per_request),
             "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure,
-            "failure_log": str(Path(cfg.train.out_dir) / FAILURE_LOG)}
+            "failure_log": str(Path(cfg.train.out_dir) / FAILURE_LOG),
+            "component_log": str(Path(cfg.train.out_dir) / COMPONENT_LOG)}

@@ -6,7 +6,8 @@ any of the end-of-speech ids ends a response: its agent loops pass `sampling_par
 `vllm.SamplingParams`, so this loop adds them as `stop_token_ids`. It is registered through
 `actor_rollout_ref.rollout.agent.agent_loop_config_path` = verl_agent_loop.yaml beside this file (shipped
 in the package, so every node has it) and selected with
-`actor_rollout_ref.rollout.agent.default_agent_loop=speech_token_agent`.
+`actor_rollout_ref.rollout.agent.default_agent_loop=speech_token_agent`. It also tags each output with its
+training step, which reaches the reward function (see `run`).
 """
 
 from __future__ import annotations
@@ -41,4 +42,8 @@ class SpeechTokenAgentLoop(SingleTurnAgentLoop):
         self.vocab = _vocab(str(self.config.actor_rollout_ref.model.path))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
-        return await super().run(speech_sampling_params(sampling_params, self.vocab), **kwargs)
+        output = await super().run(speech_sampling_params(sampling_params, self.vocab), **kwargs)
+        # verl hands a sample's extra_fields to the reward function inside extra_info: the step lets
+        # compute_score log each reward component per training step (reward.component_log)
+        output.extra_fields.setdefault("global_steps", kwargs.get("global_steps"))
+        return output

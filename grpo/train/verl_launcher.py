@@ -25,13 +25,12 @@ from omegaconf import DictConfig
 
 from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
 from grpo.config import REPO_ROOT
-from grpo.train.metrics_log import metrics_from_verl, plot_curves, write_metrics
-from grpo.train.reward_fn import FAILURE_LOG, reward_kwargs
+from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
+from grpo.train.reward_fn import COMPONENT_LOG, FAILURE_LOG, reward_kwargs
 
 log = logging.getLogger(__name__)
 
 VERL_LOG = "verl_metrics.jsonl"       # verl's per-step file log (VERL_FILE_LOGGER_PATH), under train.out_dir
-ROLLOUTS = "rollouts"                # verl's rollout dumps (trainer.rollout_data_dir): <step>.jsonl per step
 
 
 def _value(v) -> str:
@@ -165,7 +164,6 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         "trainer.project_name": t.project_name,
         "trainer.experiment_name": t.experiment_name,
         "trainer.default_local_dir": str(out_dir / "verl_checkpoints"),
-        "trainer.rollout_data_dir": str(out_dir / ROLLOUTS),    # per-sample rewards and components, per step
         "trainer.nnodes": v.nnodes,
         "trainer.n_gpus_per_node": v.n_gpus_per_node,
     }
@@ -248,14 +246,16 @@ def run(cfg: DictConfig) -> int:
     cmd += [f"++ray_kwargs.ray_init._temp_dir={ray_temp_dir}", f"hydra.run.dir={out_dir / 'hydra'}"]
     failures = out_dir / FAILURE_LOG
     failures.unlink(missing_ok=True)
+    (out_dir / COMPONENT_LOG).unlink(missing_ok=True)
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True)
     try:
         rc = watch(proc, failures, v.timeout_s)
     finally:
         kill_tree(proc, ray_temp_dir)     # Ray's own processes outlive a failed or killed driver
     if (out_dir / VERL_LOG).exists():
-        rows = metrics_from_verl(out_dir / VERL_LOG, out_dir / ROLLOUTS)
+        rows = metrics_from_verl(out_dir / VERL_LOG, out_dir / COMPONENT_LOG)
         log.info("%d steps logged: %s", len(rows), write_metrics(rows, out_dir))
+        components_to_tensorboard(rows, out_dir / "tensorboard" / "reward_components")
         png = plot_curves(out_dir / "metrics.jsonl", out_dir / "curves.png")
         if png:
             log.info("reward / error-rate curves: %s", png)

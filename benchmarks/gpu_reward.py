@@ -1,0 +1,120 @@
+"""The cosyvoice2 reward backend at the real model sizes: CosyVoice2-0.5B's flow and HiFT (the sizes of
+CosyVoice's examples/libritts/cosyvoice2/conf/cosyvoice2.yaml) and SenseVoiceSmall's encoder (512 wide,
+50 + 20 blocks), built from their configs with random weights -- nothing is downloaded. It measures
+samples/s one item at a time vs batched (length buckets), fp32 vs bf16 autocast, and peak memory.
+
+    .venv/bin/python benchmarks/gpu_reward.py                         # a GPU: 64 items of 150 tokens (6 s)
+    .venv/bin/python benchmarks/gpu_reward.py --items 2 --tokens 25   # the CPU smoke CI runs
+
+Random weights make the work real (every layer runs at its size) and the transcripts meaningless; the
+SenseVoice vocabulary is the shipped texts' (~1k pieces, the real one has 25k: a CTC projection's
+difference). Needs only torch and this repository's pure-Python dependencies. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+# examples/libritts/cosyvoice2/conf/cosyvoice2.yaml (CosyVoice) and SenseVoiceSmall's config.yaml
+REAL_FLOW = {"hidden": 512, "heads": 8, "linear_units": 2048, "blocks": 6, "decoder_channels": 256,
+             "decoder_blocks": 4, "mid_blocks": 12, "decoder_heads": 8, "decoder_head_dim": 64}
+REAL_HIFT = {"base_channels": 512}
+REAL_SENSEVOICE = {"output_size": 512, "heads": 4, "linear_units": 2048, "num_blocks": 50, "tp_blocks": 20,
+                   "vocab_size": 25055}
+
+
+def build_models(root: Path, texts: list[str]) -> tuple[Path, Path]:
+    """flow.pt + hift.pt + cosyvoice2.yaml, and a SenseVoiceSmall directory, all at the real sizes."""
+    from grpo.model.tiny import build_sensevoice_dir, load_cosyvoice_yaml, write_cosyvoice_yaml
+
+    cv_dir, sv_dir = root / "CosyVoice2-0.5B", root / "SenseVoiceSmall"
+    cv_dir.mkdir(parents=True)
+    sizes = OmegaConf.create({"speech_token_size": 6561, "llm": {"hidden_size": 896}, "flow": REAL_FLOW,
+                              "hift": REAL_HIFT})
+    write_cosyvoice_yaml(cv_dir, sizes)
+    torch.manual_seed(0)
+    configs = load_cosyvoice_yaml(cv_dir, skip=["llm"])
+    for name in ("flow", "hift"):
+        torch.save(configs[name].state_dict(), cv_dir / f"{name}.pt")
+    build_sensevoice_dir(sv_dir, OmegaConf.create(REAL_SENSEVOICE), texts, seed=0)
+    return cv_dir, sv_dir
+
+
+def peak_memory_gib(device: str) -> float:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20     # KiB -> GiB (process high-water mark)
+
+
+def measure(backend, items, batched: bool, device: str, repeats: int) -> dict:
+    """Median samples/s of `repeats` passes (after a warm-up) and the peak memory while running."""
+    def one_pass():
+        if batched:
+            backend.transcribe(items)
+        else:
+            for item in items:
+                backend.transcribe([item])
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    one_pass()                                                   # warm-up: kernels, allocator, caches
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        one_pass()
+        rates.append(len(items) / (time.perf_counter() - start))
+    return {"samples_per_s": round(sorted(rates)[len(rates) // 2], 3), "peak_gib": round(peak_memory_gib(device), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=150, help="speech tokens per item (25 a second)")
+    parser.add_argument("--prompt-tokens", type=int, default=75, help="prompt speaker length in tokens")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtypes", default=None, help="comma list; default float32,bfloat16 (CUDA) or float32")
+    args = parser.parse_args()
+    from grpo.config import REPO_ROOT
+    from reward_server.asr import FunASR
+    from reward_server.backends import CosyVoice2Backend, ScoreItem
+    from reward_server.token2wav import Token2Wav, tiny_speakers
+
+    dtypes = (args.dtypes or ("float32,bfloat16" if args.device == "cuda" else "float32")).split(",")
+    texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data" / "zh_train.jsonl").read_text().splitlines()]
+    rng = random.Random(0)
+    items = [ScoreItem(f"bench-{i}", tuple(rng.randrange(6561) for _ in range(args.tokens)), texts[i % len(texts)])
+             for i in range(args.items)]
+    speakers = tiny_speakers(4, 0, prompt_tokens=args.prompt_tokens)
+    result = {"benchmark": "gpu_reward", "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+              "items": args.items, "tokens_per_item": args.tokens, "threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        cv_dir, sv_dir = build_models(Path(tmp), texts)
+        print(f"real-size models built in {time.perf_counter() - start:.0f} s")
+        asr = FunASR(sv_dir, device=args.device, batch_size=max(1, args.items))
+        for dtype in dtypes:
+            backend = CosyVoice2Backend(Token2Wav(cv_dir, args.device, dtype), speakers, asr)
+            for mode, batched in (("batch1", False), ("batched", True)):
+                figures = measure(backend, items, batched, args.device, args.repeats)
+                result[f"{mode}_{dtype}"] = figures
+                print(f"{mode:8s} {dtype:9s} {figures['samples_per_s']:8.2f} samples/s, peak {figures['peak_gib']} GiB")
+    base = result["batch1_float32"]["samples_per_s"]
+    for dtype in dtypes:
+        result[f"speedup_batched_{dtype}"] = round(result[f"batched_{dtype}"]["samples_per_s"] / base, 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
