@@ -3,8 +3,8 @@
   reference   the public recipe's way: verl's `prime` reward manager sends one item per request, up to 64 in
               flight, to a server with dynamic batching (max batch 32, 10 ms queue delay)
   sequential  batch size 1, one request at a time
-  ours        the training client (concurrent calls sent together, requests capped at the server's batch
-              size so that every replica gets work) against the same batching server as `reference`
+  ours        the training client (concurrent calls sent together as small requests, a bounded number in
+              flight so that each is routed as a replica frees up) against the same server as `reference`
 
 Each way's rewards are compared item by item with the others. Each timing is the median of 3 passes over
 the items after a warm-up.
@@ -66,10 +66,11 @@ def sequential(url: str, items: list[dict]) -> list[dict]:
         return out
 
 
-def ours(url: str, items: list[dict], request_items: int) -> list[dict]:
+def ours(url: str, items: list[dict], request_items: int, in_flight: int) -> list[dict]:
     """Every sample through the training client at once, as verl's reward loop calls it."""
     async def go():
-        client = RewardClient(ClientConfig(url, timeout_s=600, max_items_per_request=request_items))
+        client = RewardClient(ClientConfig(url, timeout_s=600, max_items_per_request=request_items,
+                                           max_concurrency=in_flight))
         try:
             return await asyncio.gather(*(client.score_one(it) for it in items))
         finally:
@@ -109,15 +110,27 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32, help="the server's dynamic batch (the reference: 32)")
     parser.add_argument("--tokens", type=int, default=40, help="speech tokens per item (25 a second)")
+    parser.add_argument("--request-items", type=int, default=None,
+                        help="items per client request (default: the training client's, see reward_fn)")
+    parser.add_argument("--in-flight", type=int, default=None,
+                        help="client requests in flight (default: the training client's, see reward_fn)")
     parser.add_argument("overrides", nargs="*", help="config overrides for the servers, e.g. exp_dir=exp/tiny")
     args = parser.parse_args()
     items = make_items(args.items, tokens=args.tokens)
+    from grpo.config import load_config
+    from grpo.train.reward_fn import reward_kwargs
+
+    client = reward_kwargs(load_config([*args.overrides, f"reward.max_batch_size={args.batch}",
+                                        f"reward.num_replicas={args.replicas}"]))
+    args.request_items = args.request_items or client["max_items_per_request"]
+    args.in_flight = args.in_flight or client["max_concurrency"]
     rates, results = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         server = serve(args, args.batch, Path(tmp) / "batched.log")
         try:
             rates["reference"], results["reference"] = timed(lambda its: reference(server.url, its), items)
-            rates["ours"], results["ours"] = timed(lambda its: ours(server.url, its, args.batch), items)
+            rates["ours"], results["ours"] = timed(lambda its: ours(server.url, its, args.request_items, args.in_flight),
+                                                   items)
         finally:
             server.stop()
         server = serve(args, 1, Path(tmp) / "sequential.log")
@@ -135,7 +148,9 @@ def main() -> None:
                       "reference_samples_per_s": round(rates["reference"], 2),
                       "sequential_samples_per_s": round(rates["sequential"], 2),
                       "ours_samples_per_s": round(rates["ours"], 2), "ratio_vs_reference": round(ratio, 2),
-                      "max_reward_difference": diff, "batch": args.batch, "tokens_per_item": args.tokens}))
+                      "max_reward_difference": diff, "batch": args.batch, "request_items": args.request_items,
+                      "requests_in_flight": args.in_flight,
+                      "tokens_per_item": args.tokens}))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Async client for the reward server, used by training (grpo.train.reward_fn).
 
 verl calls the reward function once per response, concurrently. `score_one` gathers the calls made
-within `batch_wait_s` into one POST of up to `max_items_per_request` items (default: the server's batch
-size), so a step's responses reach the server as requests that each fill one @serve.batch batch, instead
-of hundreds of one-item requests -- and as several requests, which Serve's router spreads over the
-replicas (a single request of every item would keep one replica busy and the others idle).
+within `batch_wait_s` into POSTs of up to `max_items_per_request` items, at most `max_concurrency` of
+them in flight: a step's responses reach the server as a stream of small requests that the server's
+@serve.batch joins into full batches, each routed to a replica as earlier ones complete. (A burst of
+requests sent at once is routed before any replica's queue grows: measured, all of them can land on
+one replica while the others idle.)
 Connection errors, 5xx, 429 and 503 answers, and items the server reports as failed (status "error"),
 are retried with exponential backoff and jitter until `retry_budget_s` has passed (long enough to ride out
 a replica restart) or `retries` attempts were made; then those callers -- and only those -- get
@@ -47,10 +48,10 @@ class ClientConfig:
     backoff_s: float = 0.5
     retry_budget_s: float = 120.0     # stop retrying this long after the first attempt
     max_backoff_s: float = 10.0
-    max_concurrency: int = 64
+    max_concurrency: int = 8            # requests in flight (grpo.train.reward_fn: 4 per replica)
     auth_token: str | None = None
     batch_wait_s: float = 0.005
-    max_items_per_request: int = 32     # the server's reward.max_batch_size
+    max_items_per_request: int = 8      # a quarter of the server's reward.max_batch_size
 
 
 class _LoopState:

@@ -141,15 +141,8 @@ feat_extractor: !name:matcha.utils.audio.mel_spectrogram
     center: False
 """
 
-SENSEVOICE_YAML = """\
-# Tiny SenseVoiceSmall config written by cosyvoice-grpo (random weights; real layout).
-encoder: SenseVoiceEncoderSmall
-encoder_conf:
-    output_size: {output_size}
-    attention_heads: {heads}
-    linear_units: {linear_units}
-    num_blocks: {num_blocks}
-    tp_blocks: {tp_blocks}
+# funasr's SANM encoder settings and 16 kHz fbank frontend, shared by SenseVoiceSmall and Paraformer-zh
+SANM_ENCODER_COMMON = """\
     dropout_rate: 0.1
     positional_dropout_rate: 0.1
     attention_dropout_rate: 0.1
@@ -159,7 +152,30 @@ encoder_conf:
     kernel_size: 11
     sanm_shfit: 0
     selfattention_layer_type: sanm
+"""
+WAV_FRONTEND = """\
+frontend: WavFrontend
+frontend_conf:
+    fs: 16000
+    window: hamming
+    n_mels: 80
+    frame_length: 25
+    frame_shift: 10
+    lfr_m: 7
+    lfr_n: 6
+    cmvn_file: null
+"""
 
+SENSEVOICE_YAML = """\
+# Tiny SenseVoiceSmall config written by cosyvoice-grpo (random weights; real layout).
+encoder: SenseVoiceEncoderSmall
+encoder_conf:
+    output_size: {output_size}
+    attention_heads: {heads}
+    linear_units: {linear_units}
+    num_blocks: {num_blocks}
+    tp_blocks: {tp_blocks}
+""" + SANM_ENCODER_COMMON + """
 model: SenseVoiceSmall
 model_conf:
     length_normalized_loss: true
@@ -173,17 +189,7 @@ tokenizer_conf:
   unk_symbol: <unk>
   split_with_space: true
 
-frontend: WavFrontend
-frontend_conf:
-    fs: 16000
-    window: hamming
-    n_mels: 80
-    frame_length: 25
-    frame_shift: 10
-    lfr_m: 7
-    lfr_n: 6
-    cmvn_file: null
-"""
+""" + WAV_FRONTEND + """"""
 
 
 def _split_han(text: str) -> str:
@@ -304,6 +310,18 @@ def build_speaker_verifier(path: Path, seed: int) -> Path:
     return path
 
 
+def write_funasr_config(out_dir: Path, template: str, sizes: DictConfig, seed: int) -> DictConfig:
+    """A funasr model directory's config.yaml (the template filled with `sizes`) and am.mvn (80-dim fbank,
+    7 frames stacked); returns the config and seeds torch for the random weights."""
+    from omegaconf import OmegaConf
+
+    yaml_text = template.format(**sizes)
+    (out_dir / "config.yaml").write_text(yaml_text, encoding="utf-8")
+    write_am_mvn(out_dir / "am.mvn", 80 * 7)
+    torch.manual_seed(seed)
+    return OmegaConf.create(yaml_text)
+
+
 def write_am_mvn(path: Path, dim: int) -> None:
     """Kaldi nnet text format CMVN (shift and scale), as SenseVoice's am.mvn."""
     zeros = " ".join(["0"] * dim)
@@ -342,12 +360,7 @@ def build_sensevoice_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     )
     (out_dir / "bpe.model").write_bytes(model_bytes.getvalue())
     vocab_size = spm.SentencePieceProcessor(model_proto=model_bytes.getvalue()).get_piece_size()
-    yaml_text = SENSEVOICE_YAML.format(**{k: sizes[k] for k in ("output_size", "heads", "linear_units",
-                                                                 "num_blocks", "tp_blocks")})
-    (out_dir / "config.yaml").write_text(yaml_text, encoding="utf-8")
-    write_am_mvn(out_dir / "am.mvn", 80 * 7)
-    conf = OmegaConf.create(yaml_text)
-    torch.manual_seed(seed)
+    conf = write_funasr_config(out_dir, SENSEVOICE_YAML, sizes, seed)
     model = SenseVoiceSmall(
         encoder=conf.encoder, encoder_conf=OmegaConf.to_container(conf.encoder_conf),
         input_size=80 * 7, vocab_size=vocab_size, **OmegaConf.to_container(conf.model_conf),

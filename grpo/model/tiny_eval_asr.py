@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from grpo.model.tiny import SANM_ENCODER_COMMON, WAV_FRONTEND
+
 log = logging.getLogger(__name__)
 
 PARAFORMER_YAML = """\
@@ -23,16 +25,7 @@ encoder_conf:
     attention_heads: {heads}
     linear_units: {linear_units}
     num_blocks: {num_blocks}
-    dropout_rate: 0.1
-    positional_dropout_rate: 0.1
-    attention_dropout_rate: 0.1
-    input_layer: pe
-    pos_enc_class: SinusoidalPositionEncoder
-    normalize_before: true
-    kernel_size: 11
-    sanm_shfit: 0
-    selfattention_layer_type: sanm
-
+""" + SANM_ENCODER_COMMON + """
 decoder: ParaformerSANMDecoder
 decoder_conf:
     attention_heads: {heads}
@@ -63,17 +56,7 @@ model_conf:
     predictor_bias: 1
     sampling_ratio: 0.75
 
-frontend: WavFrontend
-frontend_conf:
-    fs: 16000
-    window: hamming
-    n_mels: 80
-    frame_length: 25
-    frame_shift: 10
-    lfr_m: 7
-    lfr_n: 6
-    cmvn_file: null
-
+""" + WAV_FRONTEND + """
 tokenizer: CharTokenizer
 tokenizer_conf:
     unk_symbol: <unk>
@@ -91,17 +74,12 @@ def build_paraformer_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     from funasr.models.paraformer.model import Paraformer
     from omegaconf import OmegaConf
 
-    from grpo.model.tiny import write_am_mvn
+    from grpo.model.tiny import write_funasr_config
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokens = char_inventory(texts)
     (out_dir / "tokens.json").write_text(json.dumps(tokens, ensure_ascii=False), encoding="utf-8")
-    yaml_text = PARAFORMER_YAML.format(**{k: sizes[k] for k in ("output_size", "heads", "linear_units",
-                                                                 "num_blocks", "decoder_blocks")})
-    (out_dir / "config.yaml").write_text(yaml_text, encoding="utf-8")
-    write_am_mvn(out_dir / "am.mvn", 80 * 7)
-    conf = OmegaConf.create(yaml_text)
-    torch.manual_seed(seed)
+    conf = write_funasr_config(out_dir, PARAFORMER_YAML, sizes, seed)
     model = Paraformer(encoder=conf.encoder, encoder_conf=OmegaConf.to_container(conf.encoder_conf),
                        decoder=conf.decoder, decoder_conf=OmegaConf.to_container(conf.decoder_conf),
                        predictor=conf.predictor, predictor_conf=OmegaConf.to_container(conf.predictor_conf),

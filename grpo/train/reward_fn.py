@@ -40,8 +40,8 @@ def client_for(**config) -> RewardClient:
 
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
                         timeout_s: float = 120.0, retries: int | None = None, backoff_s: float = 0.5,
-                        retry_budget_s: float = 120.0, max_concurrency: int = 64,
-                        auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 32,
+                        retry_budget_s: float = 120.0, max_concurrency: int = 8,
+                        auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 8,
                         no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
                         component_log: str | None = None, **_ignored) -> dict:
     """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"} and
@@ -101,14 +101,26 @@ def append_line(path: str, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def request_items(r) -> int:
+    """Items per request: reward.client.max_items_per_request, or a quarter of the server's batch, so that a
+    batch is filled by several requests and each request is routed to whichever replica frees up first."""
+    return r.client.max_items_per_request or max(1, r.max_batch_size // 4)
+
+
+def requests_in_flight(r) -> int:
+    """Requests the client keeps open: reward.client.max_concurrency, or 4 per replica (about one server
+    batch per replica in flight; more are sent as these complete, which is what balances the replicas)."""
+    return r.client.max_concurrency or 4 * r.num_replicas
+
+
 def reward_kwargs(cfg) -> dict:
     """The keyword arguments compute_score takes, from the root config (reward.*)."""
     r = cfg.reward
     return {"url": r.url, "timeout_s": r.client.timeout_s, "retries": r.client.retries,
             "retry_budget_s": r.client.retry_budget_s,
-            "backoff_s": r.client.backoff_s, "max_concurrency": r.client.max_concurrency,
+            "backoff_s": r.client.backoff_s, "max_concurrency": requests_in_flight(r),
             "batch_wait_s": r.client.batch_wait_s,
-            "max_items_per_request": min(r.client.max_items_per_request, r.limits.max_items_per_request),
+            "max_items_per_request": min(request_items(r), r.limits.max_items_per_request),
             "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure,
             "failure_log": str(Path(cfg.train.out_dir) / FAILURE_LOG),
             "component_log": str(Path(cfg.train.out_dir) / COMPONENT_LOG)}
