@@ -19,6 +19,16 @@ class ASR(Protocol):
     def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]: ...
 
 
+def by_language(wavs: list[np.ndarray], languages: list[str], transcribe) -> list[str]:
+    """`transcribe(wavs, language)` once per language present, the transcripts back in input order."""
+    out = [""] * len(wavs)
+    for language in dict.fromkeys(languages):
+        rows = [i for i, lang in enumerate(languages) if lang == language]
+        for i, text in zip(rows, transcribe([wavs[i] for i in rows], language), strict=True):
+            out[i] = text
+    return out
+
+
 class FunASR:
     """A funasr model (SenseVoiceSmall, Paraformer-zh) through AutoModel from a local directory.
 
@@ -37,12 +47,7 @@ class FunASR:
         if self.language != "item" or languages is None:
             fixed = "auto" if self.language == "item" else self.language
             languages = [fixed] * len(wavs)
-        out: list[str | None] = [None] * len(wavs)
-        for language in dict.fromkeys(languages):           # one generate call per language, input order kept
-            rows = [i for i, lang in enumerate(languages) if lang == language]
-            for i, text in zip(rows, self._generate([wavs[i] for i in rows], language)):
-                out[i] = text
-        return out
+        return by_language(wavs, languages, self._generate)       # one generate call per language
 
     def _generate(self, wavs: list[np.ndarray], language: str) -> list[str]:
         """One generate call, the waveforms sorted by length so that funasr's batches (consecutive `batch_size`
@@ -76,21 +81,19 @@ class WhisperASR:
         self.model = WhisperForConditionalGeneration.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
 
     def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]:
+        return by_language(wavs, languages or ["en"] * len(wavs), self._generate)
+
+    def _generate(self, wavs: list[np.ndarray], language: str) -> list[str]:
         import torch
 
-        languages = languages or ["en"] * len(wavs)
-        out: list[str] = [""] * len(wavs)
-        for language in dict.fromkeys(languages):
-            rows = [i for i, lang in enumerate(languages) if lang == language]
-            for start in range(0, len(rows), self.batch_size):
-                chunk = rows[start:start + self.batch_size]
-                feats = self.processor([wavs[i] for i in chunk], sampling_rate=ASR_SAMPLE_RATE, return_tensors="pt")
-                with torch.inference_mode():
-                    ids = self.model.generate(feats.input_features.to(self.device, self.model.dtype),
-                                              language=language, task="transcribe",
-                                              max_new_tokens=self.max_new_tokens)
-                for i, text in zip(chunk, self.processor.batch_decode(ids, skip_special_tokens=True)):
-                    out[i] = text.strip()
+        out = []
+        for start in range(0, len(wavs), self.batch_size):
+            feats = self.processor(wavs[start:start + self.batch_size], sampling_rate=ASR_SAMPLE_RATE,
+                                   return_tensors="pt")
+            with torch.inference_mode():
+                ids = self.model.generate(feats.input_features.to(self.device, self.model.dtype), language=language,
+                                          task="transcribe", max_new_tokens=self.max_new_tokens)
+            out += [text.strip() for text in self.processor.batch_decode(ids, skip_special_tokens=True)]
         return out
 
 
@@ -104,16 +107,14 @@ class ByLanguage:
     def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]:
         if languages is None:
             raise ValueError("a per-language ASR needs each waveform's language")
-        out: list[str] = [""] * len(wavs)
-        for language in dict.fromkeys(languages):
-            if language not in self.factories:
-                raise ValueError(f"no evaluation ASR for language {language!r} (have {sorted(self.factories)})")
-            if language not in self.models:
-                self.models[language] = self.factories[language]()
-            rows = [i for i, lang in enumerate(languages) if lang == language]
-            for i, text in zip(rows, self.models[language].transcribe([wavs[i] for i in rows], [language] * len(rows))):
-                out[i] = text
-        return out
+        return by_language(wavs, languages, self._transcribe)
+
+    def _transcribe(self, wavs: list[np.ndarray], language: str) -> list[str]:
+        if language not in self.factories:
+            raise ValueError(f"no evaluation ASR for language {language!r} (have {sorted(self.factories)})")
+        if language not in self.models:
+            self.models[language] = self.factories[language]()
+        return self.models[language].transcribe(wavs, [language] * len(wavs))
 
 
 class PocketsphinxASR:

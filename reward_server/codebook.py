@@ -123,8 +123,6 @@ class SyntheticVoices:
         return len(self.speaker_vectors)
 
     def similarity(self, tokens: list[int], speaker: int) -> float:
-        import numpy as np
+        from grpo.evaluate.speaker_similarity import cosine
 
-        voice = self.token_vectors[list(tokens)].mean(axis=0)
-        target = self.speaker_vectors[speaker]
-        return float(voice @ target / (np.linalg.norm(voice) * np.linalg.norm(target) + 1e-12))
+        return cosine(self.token_vectors[list(tokens)].mean(axis=0), self.speaker_vectors[speaker])

@@ -152,8 +152,8 @@ class Token2Wav:
         for bucket in length_buckets(lengths, self.max_frames_per_batch):
             with autocast:
                 mels = self.flow_batch([tokens[i] for i in bucket], [speakers[i] for i in bucket])
-            for i, mel in zip(bucket, mels):
-                out[i] = mel.float()
+            for i, mel in zip(bucket, mels):       # float32 already: flow_batch's solver state
+                out[i] = mel
         return out
 
     @torch.inference_mode()

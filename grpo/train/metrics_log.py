@@ -7,19 +7,18 @@ import logging
 import math
 from pathlib import Path
 
-from reward_server.components import COMPONENTS
+from grpo.train.reward_fn import COMPONENT_FIELDS
 
 log = logging.getLogger(__name__)
 
 CURVES = (("reward_mean", "mean reward"), ("error_rate_mean", "mean error rate"))
-COMPONENT_KEYS = tuple(f"reward_{name}" for name in COMPONENTS)     # compute_score's per-component fields
 
 
 def component_means(samples: list[dict]) -> dict:
     """Per-step means of each reward component (`reward_<name>_mean`) and of the error rate over the samples
     that have them (NaN: the server did not compute that component)."""
     out = {}
-    for key in (*COMPONENT_KEYS, "error_rate"):
+    for key in (*COMPONENT_FIELDS, "error_rate"):
         values = [float(s[key]) for s in samples if key in s and s[key] is not None and not math.isnan(float(s[key]))]
         if values:
             out[f"{key}_mean"] = sum(values) / len(values)
@@ -80,7 +79,7 @@ def plot_curves(metrics_path: Path, out_png: Path) -> Path | None:
     rows = read_metrics(metrics_path)
     if not rows:
         return None
-    components = [k for k in COMPONENT_KEYS if any(f"{k}_mean" in r for r in rows)]
+    components = [k for k in COMPONENT_FIELDS if any(f"{k}_mean" in r for r in rows)]
     panels = [[(key, None)] for key, _ in CURVES] + ([[(f"{k}_mean", k[len("reward_"):]) for k in components]]
                                                     if components else [])
     titles = [label for _, label in CURVES] + ["reward components"]
@@ -145,16 +144,21 @@ def metrics_from_verl(verl_jsonl: Path, component_log: Path | None = None) -> li
             if line.strip():
                 record = json.loads(line)
                 tagged.setdefault(int(record["step"]), []).append(record)
-    for step, row in by_step.items() if tagged else ():
-        for tag in (step - 1, step):
-            scores = [r["score"] for r in tagged.get(tag, [])]
-            if scores and "reward_mean" in row and math.isclose(sum(scores) / len(scores), row["reward_mean"],
-                                                                 rel_tol=1e-6, abs_tol=1e-9):
-                row.update(component_means(tagged[tag]))
-                break
-        else:
-            log.warning("step %d: no logged samples match its mean score; its reward components are left out", step)
+    for step, row in by_step.items():
+        if tagged:
+            match_components(step, row, tagged)
     return [by_step[s] for s in sorted(by_step)]
+
+
+def match_components(step: int, row: dict, tagged: dict[int, list[dict]]) -> None:
+    """The component means of the tag (step - 1 or step) whose mean score is the step's reward_mean."""
+    for tag in (step - 1, step):
+        scores = [r["score"] for r in tagged.get(tag, [])]
+        if scores and "reward_mean" in row and math.isclose(sum(scores) / len(scores), row["reward_mean"],
+                                                             rel_tol=1e-6, abs_tol=1e-9):
+            row.update(component_means(tagged[tag]))
+            return
+    log.warning("step %d: no logged samples match its mean score; its reward components are left out", step)
 
 
 def components_to_tensorboard(rows: list[dict], log_dir: Path) -> None:
@@ -163,7 +167,7 @@ def components_to_tensorboard(rows: list[dict], log_dir: Path) -> None:
 
     with SummaryWriter(str(log_dir)) as tb:
         for row in rows:
-            for key in (*(f"{k}_mean" for k in COMPONENT_KEYS), "error_rate_mean"):
+            for key in (*(f"{k}_mean" for k in COMPONENT_FIELDS), "error_rate_mean"):
                 if key in row:
                     tb.add_scalar(f"train/{key}", row[key], row["step"])
 

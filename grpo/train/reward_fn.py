@@ -28,6 +28,7 @@ _CLIENTS: dict[tuple, RewardClient] = {}
 ON_FAILURE = ("raise", "exclude")
 FAILURE_LOG = "reward_failures.jsonl"     # one line per sample whose reward failed after the client's retries
 COMPONENT_LOG = "reward_components.jsonl"  # verl engine: one line per scored sample, {"step", "reward_<name>"...}
+COMPONENT_FIELDS = tuple(f"reward_{name}" for name in COMPONENTS)   # each component's key in compute_score's result
 
 
 def client_for(**config) -> RewardClient:
@@ -83,12 +84,12 @@ def log_components(path: str | None, extra_info: dict, out: dict) -> None:
     extra_info); verl 0.9.1 logs no reward extras while training, so the launcher averages these per step."""
     if path and extra_info.get("global_steps") is not None:
         append_line(path, {"step": int(extra_info["global_steps"]), "score": out["score"],
-                           "error_rate": out["error_rate"], **{k: out[k] for k in out if k.startswith("reward_") and k != "reward_failed"}})
+                           "error_rate": out["error_rate"], **{k: out[k] for k in COMPONENT_FIELDS}})
 
 
 def component_fields(components: dict) -> dict:
     """Every component under a fixed key (verl's reward_extra_info wants the same keys for every sample)."""
-    return {f"reward_{name}": float(components.get(name, float("nan"))) for name in COMPONENTS}
+    return {field: float(components.get(name, float("nan"))) for name, field in zip(COMPONENTS, COMPONENT_FIELDS)}
 
 
 def record_failure(path: str, sample_id: str, exc: Exception) -> None:
