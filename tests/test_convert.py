@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from grpo.model.convert import cosyvoice_to_hf, hf_to_cosyvoice, hf_to_cosyvoice_state
 from grpo.model.cosyvoice_lm import ARCHITECTURE, MASKED_LOGIT
 from grpo.model.speech_vocab import SpeechVocab, speech_token_strings
-from grpo.model.tiny import load_cosyvoice_yaml
+from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
 
 
 def cosyvoice_llm(model_dir):

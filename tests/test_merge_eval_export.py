@@ -174,7 +174,7 @@ def test_export_loads_into_cosyvoice(tiny_cfg, trained, tmp_path):
 @pytest.fixture(scope="module")
 def speaker_onnx(tmp_path_factory):
     """The tiny profile's ONNX speaker encoder (CAM++'s interface: fbank (1, T, 80) -> embedding (1, 192))."""
-    from grpo.model.tiny import build_speaker_verifier
+    from grpo.model.released_layout import build_speaker_verifier
 
     return build_speaker_verifier(tmp_path_factory.mktemp("spk") / "speaker.onnx", seed=0)
 

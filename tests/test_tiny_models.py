@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo.model.tiny import load_cosyvoice_yaml
+from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
 
 
 def test_layout_files_agree_with_each_other(tiny_cfg):

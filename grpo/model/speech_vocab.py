@@ -109,16 +109,11 @@ def format_speech_tokens(tokens) -> str:
     return "".join(f"<|s_{int(t)}|>" for t in tokens)
 
 
-def cosyvoice_text_tokenizer(blank_dir: str | Path):
-    """The text tokenizer exactly as CosyVoice builds it (its own QwenTokenizer and special tokens)."""
-    from cosyvoice.tokenizer.tokenizer import QwenTokenizer
-
-    return QwenTokenizer(token_path=str(blank_dir), skip_special_tokens=True).tokenizer
-
-
 def build_hf_tokenizer(blank_dir: str | Path, family: str, speech_token_size: int, pad_to: int = 128):
     """CosyVoice's text tokenizer + speech tokens + control tokens + chat template."""
     from tokenizers import AddedToken
+
+    from grpo.model.cosyvoice_dir import cosyvoice_text_tokenizer
 
     if family not in EXTRA_SPEECH_ROWS:
         raise ValueError(f"unknown model family {family!r}; expected one of {sorted(EXTRA_SPEECH_ROWS)}")

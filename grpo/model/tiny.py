@@ -1,12 +1,10 @@
 """Tiny CosyVoice2-shaped models with random weights, written in the real download's file layout.
 
-Stage -1 of the `tiny` profile builds, under `model.cosyvoice_dir`:
-  CosyVoice-BlankEN/   Qwen2 text tokenizer (byte-level BPE trained on the shipped data) + tiny Qwen2
-  cosyvoice2.yaml      the real yaml's structure (hyperpyyaml, CosyVoice's own classes) at tiny sizes
-  llm.pt               state dict of CosyVoice's `Qwen2LM`
-  flow.pt, hift.pt     state dicts of CosyVoice's flow-matching decoder and HiFT vocoder
-                       (the flow encoder width stays 512: CosyVoice's UpsampleConformerEncoder hard-codes it)
-and a tiny SenseVoice directory (config.yaml, model.pt, bpe.model, am.mvn) under `model.sensevoice_dir`.
+Stage -1 of the `tiny` profile builds, under `model.cosyvoice_dir`, the released CosyVoice2 layout at tiny
+sizes (grpo.model.released_layout; the flow encoder width stays 512: CosyVoice's UpsampleConformerEncoder
+hard-codes it) with a byte-level BPE trained on the shipped data as CosyVoice-BlankEN's tokenizer, and
+SenseVoice / Paraformer directories (config.yaml, model.pt, tokens, am.mvn) at the sizes it is given (the
+realsize profile builds those with the same functions at the released sizes).
 Everything downstream loads these through the same code as the real models.
 """
 
@@ -24,122 +22,6 @@ log = logging.getLogger(__name__)
 
 # Qwen2's chat specials; CosyVoice's QwenTokenizer adds its own on top at load time.
 QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-COSYVOICE2_YAML = """\
-# Tiny CosyVoice2 config written by cosyvoice-grpo (stage -1, profile tiny): the structure of the
-# released cosyvoice2.yaml with small sizes and random weights. Loaded with hyperpyyaml, like the real one.
-sample_rate: 24000
-llm_input_size: {hidden}
-llm_output_size: {hidden}
-spk_embed_dim: 192
-qwen_pretrain_path: ''
-token_frame_rate: 25
-token_mel_ratio: 2
-
-llm: !new:cosyvoice.llm.llm.Qwen2LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: {speech_token_size}
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: 0.8
-        top_k: 25
-        win_size: 10
-        tau_r: 0.1
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: {flow_hidden}
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {speech_token_size}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
-        output_size: {flow_hidden}
-        attention_heads: {flow_heads}
-        linear_units: {flow_linear}
-        num_blocks: {flow_blocks}
-        dropout_rate: 0.1
-        positional_dropout_rate: 0.1
-        attention_dropout_rate: 0.1
-        normalize_before: True
-        input_layer: 'linear'
-        pos_enc_layer_type: 'rel_pos_espnet'
-        selfattention_layer_type: 'rel_selfattn'
-        input_size: {flow_hidden}
-        use_cnn_module: False
-        macaron_style: False
-        static_chunk_size: !ref <token_frame_rate>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
-            in_channels: 320
-            out_channels: 80
-            channels: [{decoder_channels}]
-            dropout: 0.0
-            attention_head_dim: {decoder_head_dim}
-            n_blocks: {decoder_blocks}
-            num_mid_blocks: {mid_blocks}
-            num_heads: {decoder_heads}
-            act_fn: 'gelu'
-            static_chunk_size: !ref <token_frame_rate> * <token_mel_ratio>
-            num_decoding_left_chunks: 2
-
-hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
-    in_channels: 80
-    base_channels: {hift_channels}
-    nb_harmonics: 8
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: [3, 7, 11]
-    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
-        num_class: 1
-        in_channels: 80
-        cond_channels: {hift_channels}
-
-get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
-    token_path: !ref <qwen_pretrain_path>
-    skip_special_tokens: True
-allowed_special: 'all'
-feat_extractor: !name:matcha.utils.audio.mel_spectrogram
-    n_fft: 1920
-    num_mels: 80
-    sampling_rate: !ref <sample_rate>
-    hop_size: 480
-    win_size: 1920
-    fmin: 0
-    fmax: 8000
-    center: False
-"""
 
 # funasr's SANM encoder settings and 16 kHz fbank frontend, shared by SenseVoiceSmall and Paraformer-zh
 SANM_ENCODER_COMMON = """\
@@ -224,90 +106,13 @@ def build_text_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> in
     return len(tokenizer)
 
 
-def build_blank_qwen(out_dir: Path, llm: DictConfig, vocab_size: int, seed: int) -> None:
-    """A tiny random Qwen2ForCausalLM in CosyVoice-BlankEN (llm.pt overrides its weights later)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=llm.hidden_size,
-        intermediate_size=llm.intermediate_size,
-        num_hidden_layers=llm.num_layers,
-        num_attention_heads=llm.num_heads,
-        num_key_value_heads=llm.num_kv_heads,
-        max_position_embeddings=llm.max_position_embeddings,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        torch_dtype="float32",
-    )
-    torch.manual_seed(seed)
-    Qwen2ForCausalLM(config).save_pretrained(out_dir)
-
-
-def write_cosyvoice_yaml(model_dir: Path, tiny: DictConfig) -> Path:
-    text = COSYVOICE2_YAML.format(
-        hidden=tiny.llm.hidden_size,
-        speech_token_size=tiny.speech_token_size,
-        flow_hidden=tiny.flow.hidden,
-        flow_heads=tiny.flow.heads,
-        flow_linear=tiny.flow.linear_units,
-        flow_blocks=tiny.flow.blocks,
-        decoder_channels=tiny.flow.decoder_channels,
-        decoder_blocks=tiny.flow.decoder_blocks,
-        mid_blocks=tiny.flow.mid_blocks,
-        decoder_heads=tiny.flow.get("decoder_heads", 2),
-        decoder_head_dim=tiny.flow.get("decoder_head_dim", 32),
-        hift_channels=tiny.hift.base_channels,
-    )
-    path = model_dir / "cosyvoice2.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def load_cosyvoice_yaml(model_dir: str | Path, skip: Iterable[str] = ()) -> dict:
-    """Load `cosyvoice2.yaml` the way CosyVoice2 does; `skip` replaces modules with None (not built)."""
-    from hyperpyyaml import load_hyperpyyaml
-
-    model_dir = Path(model_dir)
-    overrides = {"qwen_pretrain_path": str(model_dir / "CosyVoice-BlankEN")}
-    overrides.update({name: None for name in skip})
-    with open(model_dir / "cosyvoice2.yaml", encoding="utf-8") as f:
-        return load_hyperpyyaml(f, overrides=overrides)
-
-
 def build_cosyvoice_dir(model_dir: Path, tiny: DictConfig, texts: list[str]) -> None:
-    """Tokenizer, blank Qwen2, yaml, and random llm.pt/flow.pt/hift.pt (CosyVoice's own classes)."""
-    blank = model_dir / "CosyVoice-BlankEN"
-    n_text = build_text_tokenizer(texts, tiny.text_vocab_size, blank)
-    # CosyVoice's QwenTokenizer adds ~19 specials on load; leave room and round up like Qwen2 does.
-    vocab_size = ((n_text + 32 + 63) // 64) * 64
-    build_blank_qwen(blank, tiny.llm, vocab_size, tiny.seed)
-    write_cosyvoice_yaml(model_dir, tiny)
-    torch.manual_seed(tiny.seed)
-    configs = load_cosyvoice_yaml(model_dir)
-    for name in ("llm", "flow", "hift"):
-        torch.save(configs[name].state_dict(), model_dir / f"{name}.pt")
-    build_speaker_verifier(model_dir / "campplus.onnx", tiny.seed)
-    log.info("tiny CosyVoice2 dir written: %s (text vocab %d, embedding rows %d)", model_dir, n_text, vocab_size)
+    """The released layout (grpo.model.released_layout) at tiny sizes, with a BPE trained on `texts`; no
+    speech tokenizer (the tiny profile's prompts are seeded stand-ins, not wavs)."""
+    from grpo.model.released_layout import build_cosyvoice_dir as build_released
 
-
-class TinySpeakerEncoder(torch.nn.Module):
-    """CAM++'s interface (mean-normalised 80-dim fbank (1, T, 80) -> embedding (1, 192)) with one random
-    projection and RMS pooling: the tiny profile's stand-in for CosyVoice2's campplus.onnx."""
-
-    def __init__(self, seed: int):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.proj = torch.nn.Linear(80, 192)
-
-    def forward(self, feats):
-        return self.proj(feats).pow(2).mean(1).sqrt()
-
-
-def build_speaker_verifier(path: Path, seed: int) -> Path:
-    torch.onnx.export(TinySpeakerEncoder(seed), (torch.randn(1, 50, 80),), str(path), input_names=["feats"],
-                      output_names=["emb"], dynamic_axes={"feats": {1: "T"}}, dynamo=False)
-    return path
+    build_released(model_dir, tiny, lambda blank: build_text_tokenizer(texts, tiny.text_vocab_size, blank),
+                   speech_tokenizer=False)
 
 
 def write_funasr_config(out_dir: Path, template: str, sizes: DictConfig, seed: int) -> DictConfig:

@@ -69,7 +69,7 @@ def init_speech_embeddings(llm, tokenizer, codebook, texts) -> int:
 def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], steps: int, batch_size: int,
                lr: float, seed: int, **options) -> dict:
     """Train llm.pt in place; returns the last loss and token accuracy."""
-    from grpo.model.tiny import load_cosyvoice_yaml
+    from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
 
     model_dir = Path(model_dir)
     torch.manual_seed(seed)
