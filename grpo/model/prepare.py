@@ -2,7 +2,9 @@
 
 - profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.model.tiny),
   the synthetic codebook, seeded prompt speakers, and warm-start the LLM on codebook targets.
-- profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B and SenseVoiceSmall.
+- profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B, SenseVoiceSmall and the evaluation ASRs.
+- profile realsize (`model.source=realsize`): the same directories built with random weights at the released
+  sizes (grpo.model.realsize); the prompt speakers of both come from real clips through CosyVoice's frontend.
 Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.model.convert: exact, CosyVoice's biased head included).
 """
 
@@ -149,12 +151,17 @@ def prompt_speakers(cfg: DictConfig, clips: list[dict]) -> None:
 def run(cfg: DictConfig) -> int:
     if cfg.model.source == "tiny":
         build_tiny(cfg)
-    elif cfg.model.source == "modelscope":
+    elif cfg.model.source in ("modelscope", "realsize"):
+        if cfg.model.source == "realsize":      # random weights in the released layouts, real prompt wavs
+            from grpo.model.realsize import build_realsize
+
+            build_realsize(cfg)
         clips = speaker_clips(cfg) if cfg.reward.backend == "cosyvoice2" else []
-        download(cfg)
+        if cfg.model.source == "modelscope":
+            download(cfg)
         if cfg.reward.backend == "cosyvoice2":
             prompt_speakers(cfg, clips)
     else:
-        raise ValueError(f"model.source must be tiny or modelscope, got {cfg.model.source!r}")
+        raise ValueError(f"model.source must be tiny, realsize or modelscope, got {cfg.model.source!r}")
     convert(cfg)
     return 0

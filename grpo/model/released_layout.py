@@ -6,8 +6,8 @@ RELEASED_FILES: `cosyvoice2.yaml` with every key the released file has (the LLM,
 wrapper and CosyVoice's training-data pipeline), `CosyVoice-BlankEN/` (a tokenizer written by the caller, a
 Qwen2 config and random weights), `llm.pt` / `flow.pt` / `hift.pt` (state dicts of CosyVoice's own classes
 built from that yaml), `campplus.onnx` (CAM++'s interface: fbank (1, T, 80) -> (1, 192)) and
-`speech_tokenizer_v2.onnx` (S3Tokenizer v2 from the `s3tokenizer` package: 128-bin log-mel (1, 128, T) and its
-length -> tokens at 25 Hz). Everything downstream loads the result through the same code as the download.
+`speech_tokenizer_v2.onnx` (S3Tokenizer v2's interface and size: 128-bin log-mel (1, 128, T) and its length
+-> tokens at 25 Hz). Everything downstream loads the result through the same code as the download.
 """
 
 from __future__ import annotations
@@ -304,27 +304,59 @@ def build_speaker_verifier(path: Path, seed: int) -> Path:
     return path
 
 
-class _S3TokenizerV2Onnx(torch.nn.Module):
-    """S3Tokenizer v2 (the `s3tokenizer` package's model) with the ONNX signature CosyVoice's frontend calls:
-    (feats (1, 128, T) float32, feats_length (1,) int32) -> speech token ids (1, T // 4) int32."""
+class _Block(torch.nn.Module):
+    """Pre-norm self-attention + MLP written with reshapes ONNX export keeps dynamic (nn.MultiheadAttention's
+    traced graph fixes the sequence length)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, width: int, heads: int):
         super().__init__()
-        from s3tokenizer.model_v2 import ModelConfig, S3TokenizerV2
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width))
 
+    def forward(self, x, bias):
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, -1, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-1, -2) / (w // self.heads) ** 0.5 + bias, dim=-1) @ v
+        x = x + self.out(att.transpose(1, 2).reshape(b, -1, w))
+        return x + self.mlp(self.norm2(x))
+
+
+class RandomSpeechTokenizer(torch.nn.Module):
+    """S3Tokenizer v2's interface and size, random weights: 128-bin log-mel (1, 128, T) and its length (1,) int32
+    -> speech token ids (1, ceil(T / 4)) int32 in [0, 3**8). Two strided convolutions (4x: 100 Hz mel -> 25 Hz),
+    six 1280-wide attention blocks and an 8-dimensional ternary FSQ, as S3Tokenizer v2 has. Not its exact
+    blocks: the `s3tokenizer` package's model holds complex rotary buffers that ONNX export cannot trace, and
+    nothing here depends on which random network produces the tokens."""
+
+    def __init__(self, seed: int, width: int = 1280, heads: int = 20, layers: int = 6, levels: int = 8):
+        super().__init__()
         torch.manual_seed(seed)
-        self.model = S3TokenizerV2("speech_tokenizer_v2_25hz", ModelConfig()).eval()
+        self.conv1 = torch.nn.Conv1d(128, width, 3, stride=2, padding=1)
+        self.conv2 = torch.nn.Conv1d(width, width, 3, stride=2, padding=1)
+        self.blocks = torch.nn.ModuleList(_Block(width, heads) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(width)
+        self.project = torch.nn.Linear(width, levels)
+        self.register_buffer("powers", 3 ** torch.arange(levels), persistent=False)
 
     def forward(self, feats, feats_length):
-        hidden, _ = self.model.encoder(feats, feats_length.long())    # quantize() without its inference_mode
-        return self.model.quantizer.encode(hidden).int()
+        x = torch.nn.functional.gelu(self.conv2(torch.nn.functional.gelu(self.conv1(feats)))).transpose(1, 2)
+        frames = (feats_length.long() + 3) // 4                          # valid output frames (two stride-2 convs)
+        positions = torch.cumsum(torch.ones_like(x[0, :, 0]), 0) - 1
+        bias = (positions[None, :] >= frames[:, None]).float()[:, None, None, :] * -1e4   # padded keys masked
+        for block in self.blocks:
+            x = block(x, bias)
+        digits = torch.round(torch.tanh(4 * self.project(self.norm(x)))) + 1         # ternary FSQ: {0, 1, 2} per level
+        return (digits.long() * self.powers).sum(-1).int()
 
 
 def build_speech_tokenizer(path: Path, seed: int) -> Path:
-    """speech_tokenizer_v2.onnx with random weights at S3Tokenizer v2's size."""
+    """speech_tokenizer_v2.onnx with random weights at S3Tokenizer v2's size (about 120M parameters)."""
     feats = torch.randn(1, 128, 200)
-    torch.onnx.export(_S3TokenizerV2Onnx(seed), (feats, torch.tensor([200], dtype=torch.int32)), str(path),
-                      input_names=["feats", "feats_length"], output_names=["indices"],
+    torch.onnx.export(RandomSpeechTokenizer(seed).eval(), (feats, torch.tensor([200], dtype=torch.int32)),
+                      str(path), input_names=["feats", "feats_length"], output_names=["indices"],
                       dynamic_axes={"feats": {2: "T"}, "indices": {1: "T_out"}}, dynamo=False)
     return path
 

@@ -148,27 +148,48 @@ SENSEVOICE_TAGS = ["<|zh|>", "<|en|>", "<|yue|>", "<|ja|>", "<|ko|>", "<|nospeec
                    "<|Applause|>", "<|Event_UNK|>", "<|withitn|>", "<|woitn|>"]
 
 
-def build_sensevoice_dir(out_dir: Path, sizes: DictConfig, texts: list[str], seed: int) -> None:
-    """config.yaml, random model.pt, sentencepiece bpe.model of the model's vocab size, am.mvn."""
+def filler_symbols(count: int, taken: set[str]) -> list[str]:
+    """`count` symbols outside `taken` that pad a token inventory to a released vocabulary size: CJK characters
+    first (what a Chinese ASR vocabulary mostly holds), then numbered placeholders."""
+    out = [ch for ch in map(chr, range(0x4E00, 0xA000)) if ch not in taken][:count]
+    return out + [f"<|filler_{k}|>" for k in range(count - len(out))]
+
+
+def _train_sentencepiece(texts: list[str], vocab_size: int, symbols: list[str]) -> bytes:
     import io
 
+    import sentencepiece as spm
+
+    model_bytes = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model_bytes, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2, user_defined_symbols=symbols,
+    )
+    return model_bytes.getvalue()
+
+
+def build_sensevoice_dir(out_dir: Path, sizes: DictConfig, texts: list[str], seed: int) -> None:
+    """config.yaml, random model.pt, sentencepiece bpe.model of the model's vocab size, am.mvn.
+    `sizes.exact_vocab`: pad the pieces learnt from `texts` with filler symbols to exactly `sizes.vocab_size`
+    (the released size); otherwise the vocabulary is what the texts give, at most vocab_size."""
     import sentencepiece as spm
     from funasr.models.sense_voice.model import SenseVoiceSmall
     from omegaconf import OmegaConf
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_bytes = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=model_bytes, vocab_size=sizes.vocab_size,
-        model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2, user_defined_symbols=SENSEVOICE_TAGS,
-    )
-    (out_dir / "bpe.model").write_bytes(model_bytes.getvalue())
-    vocab_size = spm.SentencePieceProcessor(model_proto=model_bytes.getvalue()).get_piece_size()
+    proto = _train_sentencepiece(texts, sizes.vocab_size, SENSEVOICE_TAGS)
+    if sizes.get("exact_vocab", False):
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        taken = {sp.id_to_piece(i) for i in range(sp.get_piece_size())} | {ch for t in texts for ch in t}
+        fill = filler_symbols(sizes.vocab_size - sp.get_piece_size(), taken)
+        proto = _train_sentencepiece(texts, sizes.vocab_size, SENSEVOICE_TAGS + fill)
+    (out_dir / "bpe.model").write_bytes(proto)
+    vocab_size = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
     conf = write_funasr_config(out_dir, SENSEVOICE_YAML, sizes, seed)
     model = SenseVoiceSmall(
         encoder=conf.encoder, encoder_conf=OmegaConf.to_container(conf.encoder_conf),
         input_size=80 * 7, vocab_size=vocab_size, **OmegaConf.to_container(conf.model_conf),
     )
     torch.save(model.state_dict(), out_dir / "model.pt")
-    log.info("tiny SenseVoice dir written: %s (vocab %d)", out_dir, vocab_size)
+    log.info("SenseVoice dir written: %s (vocab %d)", out_dir, vocab_size)

