@@ -4,6 +4,7 @@ and block until Ctrl-C / SIGTERM, then shut Serve and Ray down cleanly."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -23,6 +24,10 @@ def start(cfg: DictConfig) -> None:
     # on an existing cluster the replicas may land on other nodes: ship this repository's code with them
     runtime_env = None if address == "local" else {"working_dir": str(REPO_ROOT),
                                                    "excludes": [".venv", "exp", ".git", "outputs", "*.pt"]}
+    if address == "local":
+        # a Ray of its own shares the machine with training: its OOM killer (95 % of the node by default) would
+        # take the replica for memory that main_ppo holds (seen in a real-size CPU run); the kernel's limit rules
+        os.environ.setdefault("RAY_memory_usage_threshold", "0.98")
     ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=True,
              configure_logging=False, runtime_env=runtime_env)
     deploy(cfg)

