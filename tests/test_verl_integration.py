@@ -169,3 +169,29 @@ def test_agent_loop_passes_the_stop_ids_to_vllm(tiny_cfg):
     assert prompt_ids[0] == vocab.sos_token_id and prompt_ids[-1] == vocab.task_id_token_id
     assert out.response_ids[:2] == vocab.to_hf_ids([5, 6])
     assert speech_sampling_params(base, vocab) is not base and "stop_token_ids" not in base
+
+
+def test_gpus_per_node_auto_and_too_many_stop_before_ray(tiny_cfg, monkeypatch):
+    v = tiny_cfg("train.engine=verl").train.verl
+    assert v.n_gpus_per_node == "auto"
+    monkeypatch.setattr(verl_launcher, "visible_gpus", lambda: 2)
+    assert verl_launcher.gpus_per_node(v, cpu=False) == 2         # auto: the visible devices
+    assert verl_launcher.gpus_per_node(v, cpu=True) == 1          # one CPU "GPU"
+    verl_launcher.check_gpus(v)
+    too_many = tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=8").train.verl
+    with pytest.raises(SystemExit, match="n_gpus_per_node=8 but 2 CUDA device"):
+        verl_launcher.check_gpus(too_many)
+    monkeypatch.setattr(verl_launcher, "visible_gpus", lambda: 0)
+    with pytest.raises(SystemExit, match="n_gpus_per_node=auto"):
+        verl_launcher.gpus_per_node(v, cpu=False)
+
+
+def test_cpu_weight_bucket_holds_the_largest_tensor(tiny_cfg, tmp_path):
+    # 158,336 x 896 float32 (the real-size embedding) = 567,476,224 bytes = 541.2 MiB -> 542, plus one
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 158336, "hidden_size": 896}))
+    assert verl_launcher.largest_tensor_mb(tmp_path) == 543
+    cfg = tiny_cfg("train.engine=verl", f"model.hf_dir={tmp_path}")
+    key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    assert f"{key}=543" in verl_launcher.build_overrides(cfg, cpu=True)
+    # the tiny model's largest tensor is far below the 64 MiB floor
+    assert f"{key}=64" in verl_launcher.build_overrides(tiny_cfg("train.engine=verl"), cpu=True)
