@@ -13,6 +13,7 @@ from grpo.evaluate import evaluator as evaluate
 from grpo.model import export
 from grpo.train import merge
 from grpo.evaluate.cer import corpus_error_rate, mean_error_rate, utterance_error_rate
+from grpo.evaluate import report as eval_report
 from grpo.evaluate.report import read_tsv
 
 
@@ -30,6 +31,16 @@ def test_seedtts_protocol_hand_checked():
     rates = [utterance_error_rate(r, h, "zh") for r, h in zip(refs, hyps)]
     assert mean_error_rate(rates) == pytest.approx(0.5)
     assert corpus_error_rate(refs, hyps, "zh") == pytest.approx(1 / 12)
+    # the mean, not another average: rates 1, 0, 0 have mean 1/3 (median 0); 0.5, 0.25, 0 have mean 0.25
+    assert mean_error_rate([1.0, 0.0, 0.0]) == pytest.approx(1 / 3)
+
+
+def test_report_figure_is_the_mean_of_per_utterance_rates(tmp_path):
+    """Rates 1, 0, 0 and one failure: the figure is 1/3 over 3 scored items (a median would give 0)."""
+    scored = [evaluate.Scored("a", "你好", "坏好", 1.0, 4), evaluate.Scored("b", "你好", "你好", 0.0, 4),
+              evaluate.Scored("c", "好", "好", 0.0, 2), evaluate.Scored("d", "好", "", None, 0)]
+    summary = eval_report.write_checkpoint(tmp_path, "base", scored, "CER")
+    assert summary["cer"] == pytest.approx(1 / 3) and summary["count"] == 3 and summary["failures"] == 1
 
 
 @pytest.fixture(scope="module")

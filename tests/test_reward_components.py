@@ -29,6 +29,9 @@ def test_combine_is_the_weighted_mean_of_the_weighted_components():
     parts = {"cer": 0.8, "sim": 0.4, "duration": 0.6}
     assert combine(parts, {"cer": 1.0, "sim": 0.5, "duration": 0.5}) == pytest.approx((0.8 + 0.2 + 0.3) / 2)
     assert combine(parts, {"cer": 1.0, "sim": 0.0, "duration": 0.0}) == pytest.approx(0.8)
+    # a zero weight means "not part of the reward": the backend need not compute that component at all
+    assert combine({"cer": 0.8}, {"cer": 1.0, "sim": 0.0, "duration": 0.0}) == pytest.approx(0.8)
+    assert combine({"cer": 0.8, "sim": None}, {"cer": 2.0, "sim": 0.0}) == pytest.approx(0.8)
     with pytest.raises(ValueError, match="sim"):
         combine({"cer": 0.8}, {"cer": 1.0, "sim": 0.5})
     with pytest.raises(ValueError, match="unknown component"):

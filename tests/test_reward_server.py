@@ -269,6 +269,30 @@ def test_client_raises_after_retries_and_never_returns_zero(synthetic_server):
     assert err.value.status == 422
 
 
+def test_an_item_failing_on_the_server_fails_only_its_caller(synthetic_server, codebook):
+    """One request holding good items and one the backend fails on (token 6800 > the codebook's 6561): after the
+    retries only that caller raises; the others get the rewards the codebook gives by hand, from one batch."""
+    rng = random.Random(11)
+    good = [item(i, codebook, rng, correct=i % 2 == 0) for i in range(5)]
+    bad = {"id": "broken", "tokens": [6800, 1, 2], "text": "好"}
+    calls = [good[0], bad, *good[1:]]           # the bad item early: a whole-batch failure would reach the rest
+
+    async def run():
+        client = RewardClient(ClientConfig(synthetic_server.url, retries=1, backoff_s=0.05, batch_wait_s=0.05))
+        try:
+            return await asyncio.gather(*(client.score_one(c) for c in calls), return_exceptions=True), client
+        finally:
+            await client.aclose()
+
+    out, client = asyncio.run(run())
+    assert isinstance(out[1], RewardServerError) and "'broken'" in str(out[1])
+    assert client.retries_made == 1                          # the bad item alone was sent again, once
+    for it, res in zip([calls[0], *calls[2:]], [out[0], *out[2:]]):
+        assert isinstance(res, dict), res
+        reward, c = expected(codebook, it["tokens"], it["text"], it["language"])
+        assert res["id"] == it["id"] and res["reward"] == pytest.approx(reward) and res["error_rate"] == pytest.approx(c)
+
+
 def requests_count(url) -> float:
     import re
 

