@@ -1,6 +1,7 @@
 """Conversion llm.pt <-> HF, with CosyVoice's own classes (Qwen2LM, QwenTokenizer) as the reference."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo.model.convert import cosyvoice_to_hf, hf_to_cosyvoice, hf_to_cosyvoice_state
-from grpo.model.cosyvoice_lm import ARCHITECTURE, MASKED_LOGIT
+from grpo.model.cosyvoice_lm import ARCHITECTURE
 from grpo.model.speech_vocab import SpeechVocab, speech_token_strings
 from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
 
@@ -102,10 +103,16 @@ def test_masked_logit_stays_finite_and_masks_exactly_in_bf16(tiny_cfg):
     cfg = tiny_cfg()
     vocab = SpeechVocab.load(cfg.model.hf_dir)
     model = hf_model(cfg.model.hf_dir, torch.bfloat16)
-    assert model.lm_head.bias.dtype == torch.bfloat16 and float(model.lm_head.bias[0]) == MASKED_LOGIT
+    masked = ~vocab.allowed_mask()
+    bias = model.lm_head.bias
+    assert bias.dtype == torch.bfloat16 and torch.all(model.lm_head.weight[masked] == 0)
+    assert torch.unique(bias[masked]).numel() == 1 and torch.isfinite(bias[masked]).all()
     _, _, ids = random_case(vocab, 5)
     logits = hf_logits(None, ids, model)
     assert torch.isfinite(logits).all()
+    # exp(masked - max) must underflow to exactly 0 in fp32: below ln(2^-149) = -103.3 (the smallest subnormal)
+    allowed_max = logits[:, ~masked].max(-1).values
+    assert torch.all(logits[:, masked].max(-1).values - allowed_max < -149 * math.log(2))
     probs = logits.softmax(-1)
     assert torch.all(probs[:, ~vocab.allowed_mask()] == 0)
     # verl's entropy: sum p * logit, finite because the masked logit is finite
@@ -150,6 +157,36 @@ def test_export_of_a_changed_model_is_the_hf_policy_in_cosyvoice(model_copy, tmp
     text, speech, ids = random_case(vocab, 7)
     torch.testing.assert_close(F.log_softmax(cosyvoice_logits(cosyvoice_llm(exported), text, speech), -1),
                                F.log_softmax(hf_logits(tmp_path / "hf", ids), -1)[:, T:T + rows], rtol=0, atol=1e-4)
+
+
+def test_cosyvoice2_decoder_bias_trains_and_the_export_carries_it(model_copy, tmp_path):
+    """CosyVoice2's llm_decoder has a trained bias: its gradient under cross-entropy is, by hand, the sum over
+    positions of softmax - one-hot (zero on the masked rows); one SGD step moves it and llm.pt gets the new rows."""
+    src, _ = model_copy
+    cosyvoice_to_hf(src, tmp_path / "hf")
+    vocab = SpeechVocab.load(tmp_path / "hf")
+    model = hf_model(tmp_path / "hf")
+    assert model.config.train_head_bias is True
+    _, speech, ids = random_case(vocab, 9)
+    inputs, targets = torch.tensor([ids[:-1]]), torch.tensor(ids[1:])
+    logits = model(inputs).logits[0]
+    start = len(ids) - len(speech) - 1                  # predict the speech tokens only (after task_id)
+    loss = F.cross_entropy(logits[start:], targets[start:], reduction="sum")
+    loss.backward()
+    by_hand = (logits[start:].detach().softmax(-1) - F.one_hot(targets[start:], logits.shape[-1])).sum(0)
+    grad = model.lm_head.bias.grad
+    assert grad is not None and grad.abs().max() > 1e-3
+    torch.testing.assert_close(grad, by_hand, rtol=1e-4, atol=1e-5)
+    assert torch.all(grad[~vocab.allowed_mask()] == 0)
+    before = model.lm_head.bias.detach().clone()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    T, rows = vocab.speech_token_offset, vocab.num_speech_rows
+    assert not torch.equal(model.lm_head.bias[T:T + rows], before[T:T + rows])
+    model.save_pretrained(tmp_path / "hf")
+    exported = hf_to_cosyvoice_state(tmp_path / "hf")
+    original = torch.load(src / "llm.pt", weights_only=True)
+    torch.testing.assert_close(exported["llm_decoder.bias"], original["llm_decoder.bias"] - by_hand[T:T + rows],
+                               rtol=0, atol=1e-5)
 
 
 def test_tokenizer_keeps_speech_tokens_and_matches_cosyvoice_input(tiny_cfg):

@@ -87,12 +87,18 @@ def test_cosyvoice2_backend_similarity_to_the_prompt_speaker(tiny_cfg):
     backend = build_backend(tiny_cfg("reward.backend=cosyvoice2", "reward.weights.sim=1.0"))
     items = [ScoreItem(f"utt-{i}", tuple(range(100 + 7 * i, 140 + 7 * i)), "今天天气很好") for i in range(3)]
     transcripts = backend.transcribe(items)
+    by_hand = []
     for it, wav, tr in zip(items, backend.synthesize(items), transcripts):
         emb = torch.as_tensor(backend.speakers[backend.speaker_for(it.id)]["flow_embedding"]).reshape(-1).float()
         x = speaker_embedding_by_hand(wav)
-        assert tr.sim == pytest.approx(float(torch.dot(x, emb) / (x.norm() * emb.norm())), abs=2e-3)
+        by_hand.append(float(torch.dot(x, emb) / (x.norm() * emb.norm())))
+        assert tr.sim == pytest.approx(by_hand[-1], abs=2e-3)
+    weights = tiny_cfg("reward.weights.sim=1.0").reward.weights
+    assert {k: v for k, v in weights.items() if v} == {"cer": 1.0, "sim": 1.0}
     results = score(items, transcripts, spec=RewardSpec.from_config(tiny_cfg("reward.weights.sim=1.0").reward))
-    assert {"cer", "sim", "duration"} <= set(results[0]["components"])
+    for res, sim in zip(results, by_hand):     # negative similarity counts as 0; the reward is the mean of two
+        assert res["components"]["sim"] == pytest.approx(max(0.0, sim), abs=2e-3)
+        assert res["reward"] == pytest.approx((res["components"]["cer"] + max(0.0, sim)) / 2, abs=1e-3)
 
 
 def test_verl_steps_take_the_components_of_the_samples_they_trained_on(tmp_path):
