@@ -54,12 +54,18 @@ def trained(tiny_cfg, tmp_path_factory):
     return train_dir
 
 
-def test_merge_verl_checkpoint(tiny_cfg, trained):
+@pytest.fixture(scope="module")
+def merged(tiny_cfg, trained):
+    """The trained dir after stage 3 (merge.run's exit code): each test that needs the merge gets it."""
+    return merge.run(tiny_cfg(f"train.out_dir={trained}"))
+
+
+def test_merge_verl_checkpoint(tiny_cfg, trained, merged):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = tiny_cfg(f"train.out_dir={trained}")
-    assert merge.run(cfg) == 0
+    assert merged == 0
     merged = trained / "merged" / "step_3"
     expected = torch.load(trained / "verl_checkpoints" / "global_step_3" / "expected.pt", weights_only=True)
     weights = load_file(merged / "model.safetensors")
@@ -107,18 +113,38 @@ def pinyin_error_rate_by_hand(reference: str, transcript: str) -> float:
     return jiwer.wer(ref, transcript) if transcript else 1.0
 
 
-def test_evaluate_base_and_merged_reports(tiny_cfg, trained, tmp_path):
+def test_evaluate_base_and_merged_reports(tiny_cfg, trained, merged, tmp_path, monkeypatch):
+    """Stage 4 on the base model and the merged step: per-utterance rates by hand, and every sample within its own
+    item's length bounds (min 1.5 x, max 4 x the target text's tokens, counted with CosyVoice's tokenizer), as
+    handed to vLLM (its SamplingParams, recorded) and as generated (the TSV's token counts)."""
+    import vllm
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+
+    handed = []
+    generate = vllm.LLM.generate
+
+    def record(self, prompts, sampling_params=None, *args, **kwargs):
+        handed.append(list(sampling_params))
+        return generate(self, prompts, sampling_params, *args, **kwargs)
+
+    monkeypatch.setattr(vllm.LLM, "generate", record)
     out = tmp_path / "eval"
     cfg = tiny_cfg(f"train.out_dir={trained}", f"eval.out_dir={out}", "eval.max_items=6",
-                   "eval.checkpoints=[base,last]")
+                   "eval.checkpoints=[base,last]", "eval.min_token_text_ratio=1.5", "eval.max_token_text_ratio=4")
+    assert merged == 0
     assert evaluate.run(cfg) == 0                               # vLLM loads the merged bf16 checkpoint too
+    cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
     report = json.loads((out / "report.json").read_text())
-    assert list(report) == ["base", "step_3"]
+    assert list(report) == ["base", "step_3"] and len(handed) == 2
     transcripts = {}
-    for name, r in report.items():
+    for (name, r), params in zip(report.items(), handed):
         assert r["count"] + r["failures"] == 6
         rows = read_tsv(out / f"{name}.tsv")
-        assert list(rows[0]) == ["id", "reference", "transcript", "error_rate"] and len(rows) == 6
+        assert list(rows[0]) == ["id", "reference", "transcript", "error_rate", "tokens"] and len(rows) == 6
+        for row, p in zip(rows, params):
+            n = len(cosy.encode(row["reference"]))
+            assert (p.min_tokens, p.max_tokens) == (int(1.5 * n), 4 * n), row["reference"]
+            assert int(1.5 * n) <= int(row["tokens"]) <= 4 * n, row
         by_hand = []
         for row in rows:
             ref = row["reference"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grpo.evaluate.cer import mean_error_rate
 
-TSV_HEADER = ["id", "reference", "transcript", "error_rate"]
+TSV_HEADER = ["id", "reference", "transcript", "error_rate", "tokens"]   # tokens: speech tokens generated
 
 
 def write_checkpoint(out_dir: Path, name: str, scored, unit: str) -> dict:
@@ -24,7 +24,8 @@ def write_checkpoint(out_dir: Path, name: str, scored, unit: str) -> dict:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
         w.writerow(TSV_HEADER)
         for s in scored:
-            w.writerow([s.id, s.reference, s.transcript, "" if s.error_rate is None else f"{s.error_rate:.6f}"])
+            w.writerow([s.id, s.reference, s.transcript, "" if s.error_rate is None else f"{s.error_rate:.6f}",
+                        s.tokens])
     rates = [s.error_rate for s in scored if s.error_rate is not None]
     summary = {"cer": mean_error_rate(rates), "count": len(rates), "failures": len(scored) - len(rates),
                "unit": unit, "tsv": f"{name}.tsv"}
