@@ -1,7 +1,8 @@
 """Stage 4: zero-shot CER of the base model and selected checkpoints.
 
 Per checkpoint: vLLM generates speech tokens for every item (CosyVoice2's zero-shot input: prompt text
-+ target text, then the prompt's speech tokens as the assistant prefix; speech tokens only, seeded),
++ target text, then the prompt's speech tokens as the assistant prefix; speech tokens only, seeded) under
+`eval.decoding` (grpo.decoding: CosyVoice's RAS by default) within CosyVoice's per-item length bounds,
 CosyVoice's token2wav renders them with the item's own prompt speaker, the configured ASR transcribes,
 and the Seed-TTS-eval protocol scores (grpo.evaluate.cer). Reports go to `eval.out_dir` (grpo.evaluate.report).
 """
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from grpo.evaluate import cer, report
 from grpo.checkpoint_selection import select_checkpoints
+from grpo.decoding import length_bounds, sampling_kwargs
 from grpo.train.local_engine import request_seed
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.evaluate.test_sets import ZeroShotItem, load_set
@@ -123,12 +125,13 @@ class Evaluator:
         return build_asr(self.e.asr, dirs[self.e.asr], device)
 
     def generate(self, model_dir: Path) -> list[list[int]]:
+        """One sample per item under `eval.decoding`, within the item's CosyVoice length bounds."""
         self.engine.load_weights_from(model_dir)
-        params = [self.engine.speech_params(n=1, temperature=self.e.temperature, top_p=self.e.top_p, top_k=self.e.top_k,
-                                            seed=request_seed(self.e.seed, 0, i),
-                                            min_tokens=int(self.e.min_token_text_ratio * n),
-                                            max_tokens=max(1, int(self.e.max_token_text_ratio * n)))
-                  for i, n in enumerate(self.text_lens)]
+        params = []
+        for i, n in enumerate(self.text_lens):
+            min_len, max_len = length_bounds(n, self.e.min_token_text_ratio, self.e.max_token_text_ratio)
+            params.append(self.engine.speech_params(n=1, seed=request_seed(self.e.seed, 0, i), **sampling_kwargs(
+                self.e.decoding, min_len, max_len, self.e.temperature, self.e.top_p, self.e.top_k)))
         return [self.vocab.to_speech_tokens(group[0]) for group in self.engine.run(self.prompts, params)]
 
     def evaluate(self, name: str, model_dir: Path) -> list[Scored]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo.decoding import RAS_PROCESSOR
 from grpo.model.speech_vocab import SpeechVocab
 
 # in-process engine: starts in ~2 s instead of ~15 s, and weights can be synced by reference
@@ -38,15 +39,18 @@ class VLLMRollout:
     name = "vllm"
 
     def __init__(self, model_dir: str, vocab: SpeechVocab, dtype: str = "float32", gpu_memory_utilization: float = 0.1,
-                 enforce_eager: bool = True, max_model_len: int = 1024, seed: int = 0, cpu_kv_cache_gib: float = 0.5):
+                 enforce_eager: bool = True, max_model_len: int = 1024, seed: int = 0, cpu_kv_cache_gib: float = 0.5,
+                 **llm_kwargs):
         from vllm import LLM
 
         self.vocab = vocab
         # on CPU, a share of RAM minus what this process already holds is fragile: size the KV cache explicitly
         memory = ({"gpu_memory_utilization": gpu_memory_utilization} if torch.cuda.is_available()
                   else {"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30)})
+        # CosyVoice's RAS (grpo.decoding), applied only to requests that ask for it in their extra_args
         self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=enforce_eager, dtype=dtype,
-                       max_model_len=max_model_len, seed=seed, enable_prefix_caching=False, **memory)
+                       max_model_len=max_model_len, seed=seed, enable_prefix_caching=False,
+                       logits_processors=[RAS_PROCESSOR], **memory, **llm_kwargs)
 
     def speech_params(self, **kwargs):
         """vLLM SamplingParams stopping on the end-of-speech ids (the head samples nothing but speech and stops)."""

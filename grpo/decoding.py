@@ -1,0 +1,92 @@
+"""How speech tokens are sampled: the decoding presets, CosyVoice's length bounds, and its RAS rule in closed form.
+
+Presets (`eval.decoding`, `train.decoding`):
+- `cosyvoice_ras`: CosyVoice2's PyTorch inference (`Qwen2LM.inference` with the released yaml's
+  `ras_sampling`: top_p 0.8, top_k 25, win_size 10, tau_r 0.1), exactly, through the vLLM logits processor of
+  grpo.model.ras_logits: the processor sets the logits to log P_ras (below), vLLM then samples at temperature 1
+  with no top-k/top-p and no `min_tokens` (its MinTokens processor runs first and would change the nucleus).
+- `cosyvoice_vllm`: CosyVoice2's vLLM path (`inference_wrapper`): top_k 25 at temperature 1, `min_tokens`.
+- `plain`: temperature / top_p / top_k as configured (vLLM's own rules), `min_tokens` (training's on-policy sampler).
+
+Length bounds as in `Qwen2LM.inference`: with n the target text's token count (the prompt text excluded),
+min_len = int(n * min_ratio), max_len = int(n * max_ratio); before min_len no end-of-speech id is drawn.
+
+RAS (cosyvoice/utils/common.py, `ras_sampling`): draw x from the nucleus distribution q; if x occurs at least
+win_size * tau_r times among the last win_size generated tokens, draw again from the full softmax p. With
+R = {x : count(x) >= win_size * tau_r}: P_ras(x) = q(x) [x not in R] + q(R) p(x). CosyVoice's nucleus N keeps
+sorted index i while i < top_k and the mass before i is < top_p (so it keeps the token that crosses top_p);
+q = p on N, renormalised. Before min_len CosyVoice redraws while it draws the end-of-speech id: P_ras
+conditioned on not stopping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+PRESETS = ("cosyvoice_ras", "cosyvoice_vllm", "plain")
+RAS_KEY = "cosyvoice_ras"          # SamplingParams.extra_args key that turns the processor on for a request
+RAS_PROCESSOR = "grpo.model.ras_logits:CosyVoiceRAS"   # vLLM's FQCN syntax for `logits_processors`
+
+
+@dataclass(frozen=True)
+class RASConfig:
+    """The released cosyvoice2.yaml's `sampling: !name:cosyvoice.utils.common.ras_sampling` defaults."""
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+
+
+def length_bounds(text_tokens: int, min_ratio: float, max_ratio: float) -> tuple[int, int]:
+    """CosyVoice's (min_len, max_len) for a target text of `text_tokens` tokens (at least one token allowed)."""
+    return int(text_tokens * min_ratio), max(1, int(text_tokens * max_ratio))
+
+
+def nucleus_mask(p: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """CosyVoice's nucleus set over a probability vector: sorted i < top_k with the mass before i < top_p."""
+    sorted_p, order = p.sort(descending=True, stable=True)
+    before = torch.cumsum(sorted_p, 0) - sorted_p
+    keep = (before < top_p) & (torch.arange(p.numel(), device=p.device) < top_k)
+    mask = torch.zeros_like(p, dtype=torch.bool)
+    mask[order[keep]] = True
+    return mask
+
+
+def ras_probs(logits: torch.Tensor, history: list[int], cfg: RASConfig, stop_ids=(), forbid_stop: bool = False):
+    """P_ras over the vocabulary for one step (float32). `history`: the tokens generated so far."""
+    p = logits.float().softmax(-1)
+    n = nucleus_mask(p, cfg.top_p, cfg.top_k)
+    q = torch.where(n, p, torch.zeros_like(p))
+    q = q / q.sum()
+    window = history[-cfg.win_size:] if cfg.win_size > 0 else []
+    counts = torch.bincount(torch.tensor(window, dtype=torch.long), minlength=p.numel())[: p.numel()] \
+        if window else torch.zeros_like(p)
+    repeated = counts.to(p.device) >= cfg.win_size * cfg.tau_r
+    probs = torch.where(repeated, torch.zeros_like(q), q) + q[repeated].sum() * p
+    if forbid_stop and len(stop_ids):
+        kept = probs.clone()
+        kept[list(stop_ids)] = 0.0
+        if kept.sum() > 0:      # CosyVoice would raise after 100 redraws; keep p without the stops then
+            return kept / kept.sum()
+        p = p.clone()
+        p[list(stop_ids)] = 0.0
+        return p / p.sum()
+    return probs
+
+
+def sampling_kwargs(preset: str, min_len: int, max_len: int, temperature: float = 1.0, top_p: float = 1.0,
+                    top_k: int = -1, ras: RASConfig | None = None) -> dict:
+    """vLLM SamplingParams keyword arguments for one item (stop ids are added by the caller)."""
+    if preset == "cosyvoice_ras":
+        ras = ras or RASConfig()
+        return {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_tokens": 0, "max_tokens": max_len,
+                "extra_args": {RAS_KEY: {**asdict(ras), "min_tokens": min_len}}}
+    if preset == "cosyvoice_vllm":
+        return {"temperature": 1.0, "top_p": 1.0, "top_k": (ras or RASConfig()).top_k, "min_tokens": min_len,
+                "max_tokens": max_len}
+    if preset == "plain":
+        return {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_tokens": min_len,
+                "max_tokens": max_len}
+    raise ValueError(f"decoding must be one of {', '.join(PRESETS)}, got {preset!r}")
