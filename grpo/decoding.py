@@ -39,9 +39,20 @@ class RASConfig:
     tau_r: float = 0.1
 
 
+def text_token_count(tokenizer, text: str) -> int:
+    """The token count CosyVoice's bounds use: the text alone, no special tokens (`text_len` in Qwen2LM)."""
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
 def length_bounds(text_tokens: int, min_ratio: float, max_ratio: float) -> tuple[int, int]:
     """CosyVoice's (min_len, max_len) for a target text of `text_tokens` tokens (at least one token allowed)."""
     return int(text_tokens * min_ratio), max(1, int(text_tokens * max_ratio))
+
+
+def capped(min_tokens: int, max_tokens: int, ceiling: int) -> dict:
+    """An item's bounds under the response ceiling (train.max_response_tokens): max first, min within it."""
+    hi = max(1, min(max_tokens, ceiling))
+    return {"min_tokens": min(min_tokens, hi), "max_tokens": hi}
 
 
 def nucleus_mask(p: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:

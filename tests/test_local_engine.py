@@ -51,6 +51,41 @@ def test_vllm_weights_follow_the_policy_after_an_update(tiny_cfg, synthetic_serv
     assert metrics["reward_failures"] == 16 and metrics["update_skipped"] == 1
 
 
+def test_every_rollout_keeps_its_items_length_bounds(tiny_cfg, synthetic_server, tmp_path):
+    """min 1.5 x / max 3 x the text's tokens (CosyVoice's tokenizer), per item, under the 48-token ceiling: no
+    end-of-speech before the minimum, never past the maximum (vLLM, then the transformers fallback)."""
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+
+    from grpo.train.local_engine import LocalGRPOTrainer
+
+    for backend in ("vllm", "transformers"):
+        cfg = tiny_cfg(f"reward.port={synthetic_server.port}", f"train.out_dir={tmp_path / backend}", *SMALL,
+                       "train.min_token_text_ratio=1.5", "train.max_token_text_ratio=3",
+                       f"train.rollout.backend={backend}")
+        cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
+        trainer = LocalGRPOTrainer(cfg)
+        seen = []
+        generate = trainer.rollout.generate
+
+        def record(prompts, sampling, seeds, bounds=None):
+            groups = generate(prompts, sampling, seeds, bounds)
+            seen.extend(zip(prompts, groups))
+            return groups
+
+        trainer.rollout.generate = record
+        trainer.train_step(1)
+        stops = set(trainer.vocab.stop_token_ids)
+        texts = {tuple(r["prompt_ids"]): r["prompt"][-1]["content"] for r in trainer.records}
+        assert len(seen) == 4
+        for prompt, group in seen:
+            n = len(cosy.encode(texts[tuple(prompt)]))
+            lo, hi = min(int(1.5 * n), min(3 * n, 48)), min(3 * n, 48)
+            for resp in group:
+                speech = [t for t in resp if t not in stops]
+                assert len(resp) <= hi and len(speech) >= lo, (n, len(resp), len(speech))
+                assert not stops & set(resp[:lo])
+
+
 def train_cmd(exp_dir, out_dir, port, *extra):
     return [sys.executable, "-m", "grpo", "train", f"exp_dir={exp_dir}", *FAST_TINY, f"train.out_dir={out_dir}",
             f"reward.port={port}", "train.total_steps=6", "train.save_freq=2", *SMALL, *extra]

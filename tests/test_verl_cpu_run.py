@@ -29,23 +29,30 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     cfg = tiny_cfg("train.engine=verl", f"train.out_dir={out}", "train.total_steps=2", "train.save_freq=2",
                    "train.batch_size=4", "train.n=4", f"reward.port={synthetic_server.port}",
                    "train.verl.timeout_s=900", f"eval.out_dir={tmp_path / 'eval'}", "eval.max_items=4",
-                   "eval.checkpoints=[base,last]", f"export.out_dir={tmp_path / 'export'}")
+                   "eval.checkpoints=[base,last]", f"export.out_dir={tmp_path / 'export'}",
+                   # CosyVoice's length bounds at 1x..3x the text's tokens, and validation (before training and
+                   # at step 2, 4 lines) with CosyVoice's RAS loaded into verl's vLLM server
+                   "train.min_token_text_ratio=1", "train.max_token_text_ratio=3", "train.test_freq=2",
+                   "eval.decoding=cosyvoice_ras", "eval.min_token_text_ratio=1", "eval.max_token_text_ratio=3",
+                   "train.verl.extra_overrides=[data.val_max_samples=4]")
     before = items_scored(synthetic_server.url)
     assert verl_launcher.run(cfg) == 0
 
     rows = read_metrics(out / "metrics.jsonl")                 # the local engine's format, from verl's log
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["response_length_mean"] > 0 for r in rows)
-    samples = [json.loads(x) for x in (out / verl_launcher.COMPONENT_LOG).read_text().splitlines()]
+    logged = [json.loads(x) for x in (out / verl_launcher.COMPONENT_LOG).read_text().splitlines()]
+    check_length_bounds(cfg, logged)
+    samples = [x for x in logged if not x["validate"]]
     assert sorted({x["step"] for x in samples}) == [0, 1]      # verl tags a step's prompts one step early
     for r in rows:   # each sample's components under its batch; the default weights make reward = cer
         batch = [x for x in samples if x["step"] == r["step"] - 1]
         assert len(batch) == 16 and r["reward_cer_mean"] == pytest.approx(sum(x["reward_cer"] for x in batch) / 16)
         assert r["reward_mean"] == pytest.approx(r["reward_cer_mean"], abs=1e-6)
         assert {"reward_sim_mean", "reward_duration_mean", "error_rate_mean"} <= set(r)
-    # the responses of both steps (4 prompts x 4 samples x 2) went to the real reward server; a response
-    # without speech tokens is scored without it (reward.no_speech_reward), so allow a few
-    assert 24 <= items_scored(synthetic_server.url) - before <= 32
+    # the responses of both steps (4 prompts x 4 samples x 2) and of both validations (4 x 2) went to the real
+    # reward server; a response without speech tokens is scored without it (reward.no_speech_reward)
+    assert 32 <= items_scored(synthetic_server.url) - before <= 40
     # weights reach vLLM after the update: rollout and actor agree (without the sync verl measures 1.7-3.8)
     assert abs(rows[-1]["rollout_actor_kl"]) < 0.01
     actor = out / "verl_checkpoints" / "global_step_2" / "actor"
@@ -62,6 +69,29 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert list(report) == ["base", "step_2"] and report["step_2"]["count"] == 4
     assert export.run(cfg) == 0 and (tmp_path / "export" / "step_2" / "llm.pt").exists()
+
+
+def check_length_bounds(cfg, logged):
+    """Each logged sample (training and validation) within its own item's bounds, from the data: the text of its
+    sample_id in the parquet, counted with CosyVoice's tokenizer; validation requests carried RAS."""
+    import datasets
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+
+    cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
+    texts = {}
+    for split in ("train", "val"):
+        for row in datasets.Dataset.from_parquet(str(Path(cfg.data.out_dir) / f"{split}.parquet")):
+            texts[row["extra_info"]["sample_id"]] = row["extra_info"]["text"]
+    ceiling = cfg.train.max_response_tokens
+    validations = [x for x in logged if x["validate"]]
+    assert len(validations) == 8 and all(x["ras"] for x in validations)
+    assert not any(x["ras"] for x in logged if not x["validate"])
+    for x in logged:
+        n = len(cosy.encode(texts[x["sample_id"]]))
+        hi = min(3 * n, ceiling)
+        lo = min(n, hi)
+        assert (x["min_tokens"], x["max_tokens"]) == ((0, hi) if x["ras"] else (lo, hi)), x   # RAS: min inside
+        assert lo <= x["speech_tokens"] <= hi, x
 
 
 def test_the_launcher_stops_main_ppo_on_a_reward_failure_and_on_its_timeout(tmp_path):

@@ -171,6 +171,57 @@ def test_agent_loop_passes_the_stop_ids_to_vllm(tiny_cfg):
     assert speech_sampling_params(base, vocab) is not base and "stop_token_ids" not in base
 
 
+def test_agent_loop_bounds_each_item_and_validates_with_the_evaluations_decoding(tiny_cfg):
+    """Per item: min/max tokens = CosyVoice's ratios x the text's token count (CosyVoice's own tokenizer), capped
+    at verl's response_length; a validation row (split "val") gets eval.decoding (RAS here), not greedy."""
+    import hydra
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.workers.rollout.replica import TokenOutput
+
+    from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG
+
+    cfg = tiny_cfg("train.engine=verl", "train.min_token_text_ratio=2", "train.max_token_text_ratio=5",
+                   "train.max_response_tokens=64", "eval.decoding=cosyvoice_ras", "eval.min_token_text_ratio=1",
+                   "eval.max_token_text_ratio=3")
+    vocab = SpeechVocab.load(cfg.model.hf_dir)
+    config = verl_config(verl_launcher.build_overrides(cfg))
+    assert list(config.actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors) == \
+        ["grpo.model.ras_logits:CosyVoiceRAS"]
+    calls = []
+
+    class RecordingServer:
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            calls.append(sampling_params)
+            return TokenOutput(token_ids=vocab.to_hf_ids([5]) + [vocab.stop_token_ids[0]], log_probs=None)
+
+    registry = {c.name: c for c in OmegaConf.load(AGENT_LOOP_CONFIG)}
+    loop = hydra.utils.instantiate(config=OmegaConf.create({"_target_": registry["speech_token_agent"]._target_}),
+                                   trainer_config=DictConfigWrap(config=config), server_manager=RecordingServer(),
+                                   tokenizer=AutoTokenizer.from_pretrained(cfg.model.hf_dir), processor=None,
+                                   dataset_cls=None, data_config=DictConfigWrap(config.data))
+    cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": False}     # verl's val_kwargs
+    texts = ["今天天气很好。", "我们一起去公园散步吧，然后回家吃饭。" * 3, "好"]
+    for text in texts:
+        for split in ("train", "val"):
+            loop.loop.run_until_complete(loop.run(dict(greedy), raw_prompt=[{"role": "user", "content": text}],
+                                                  extra_info={"text": text, "split": split}))
+    for (text, split), params in zip([(t, s) for t in texts for s in ("train", "val")], calls):
+        n = len(cosy.encode(text))
+        if split == "train":
+            assert (params["min_tokens"], params["max_tokens"]) == (min(2 * n, 5 * n, 64), min(5 * n, 64)), text
+            assert params["temperature"] == 0 and "extra_args" not in params     # verl's own sampling kept
+        else:
+            assert (params["temperature"], params["top_k"], params["top_p"], params["min_tokens"]) == (1, -1, 1, 0)
+            assert params["extra_args"]["cosyvoice_ras"] == {"top_p": 0.8, "top_k": 25, "win_size": 10, "tau_r": 0.1,
+                                                             "min_tokens": min(n, 64)}
+            assert params["max_tokens"] == min(3 * n, 64)
+    assert 5 * len(cosy.encode(texts[1])) > 64                        # the long line hits the ceiling
+
+
 def test_gpus_per_node_auto_and_too_many_stop_before_ray(tiny_cfg, monkeypatch):
     v = tiny_cfg("train.engine=verl").train.verl
     assert v.n_gpus_per_node == "auto"

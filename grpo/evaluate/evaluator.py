@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from grpo.evaluate import cer, report
 from grpo.checkpoint_selection import select_checkpoints
-from grpo.decoding import length_bounds, sampling_kwargs
+from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
 from grpo.train.local_engine import request_seed
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.evaluate.test_sets import ZeroShotItem, load_set
@@ -70,7 +70,7 @@ def build_prompts(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool 
         if llm_prompt:
             ids = ids + vocab.to_hf_ids(feats[it.id]["llm_prompt_speech_token"].flatten().tolist())
         prompts.append(ids)
-        text_lens.append(len(tokenizer.encode(it.text, add_special_tokens=False)))
+        text_lens.append(text_token_count(tokenizer, it.text))
     return prompts, text_lens
 
 

@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from grpo.decoding import length_bounds, text_token_count
 from grpo.train import local_checkpoint as checkpoint
 from grpo.train.grpo_step import actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss
 from grpo.train.reward_fn import compute_score, reward_kwargs
@@ -92,9 +93,18 @@ class LocalGRPOTrainer:
                                     OmegaConf.to_container(cfg, resolve=True), resume_step=self.step)
 
     def _usable_records(self, records: list[dict]) -> list[dict]:
+        t = self.cfg.train
         for r in records:
             r["prompt_ids"] = self.tokenizer.apply_chat_template(r["prompt"], tokenize=True, return_dict=False)
+            # CosyVoice's bounds from the target text's tokens (the prompt holds that text alone)
+            r["length_bounds"] = length_bounds(text_token_count(self.tokenizer, r["prompt"][-1]["content"]),
+                                               t.min_token_text_ratio, t.max_token_text_ratio)
         usable = [r for r in records if len(r["prompt_ids"]) <= self.cfg.train.max_prompt_tokens]
+        short = sum(r["length_bounds"][0] >= t.max_response_tokens for r in usable)
+        if short:
+            log.warning("%d prompts need at least train.max_response_tokens=%d speech tokens (min_token_text_ratio=%s):"
+                        " they are cut at the ceiling without an end-of-speech", short, t.max_response_tokens,
+                        t.min_token_text_ratio)
         if len(usable) < len(records):
             log.warning("%d prompts longer than train.max_prompt_tokens=%d are skipped",
                         len(records) - len(usable), self.cfg.train.max_prompt_tokens)
@@ -126,7 +136,8 @@ class LocalGRPOTrainer:
         prompts = [r["prompt_ids"] for r in records]
         t0 = time.perf_counter()
         groups = self.rollout.generate(prompts, self.sampling, [request_seed(self.cfg.seed, step, i)
-                                                               for i in range(len(prompts))])
+                                                               for i in range(len(prompts))],
+                                       [r["length_bounds"] for r in records])
         flat = [(i, resp) for i, group in enumerate(groups) for resp in group]
         t1 = time.perf_counter()
         results = self.loop.run_until_complete(self._score([records[i] for i, _ in flat], [r for _, r in flat]))

@@ -143,7 +143,8 @@ def metrics_from_verl(verl_jsonl: Path, component_log: Path | None = None) -> li
         for line in Path(component_log).read_text().splitlines():
             if line.strip():
                 record = json.loads(line)
-                tagged.setdefault(int(record["step"]), []).append(record)
+                if not record.get("validate"):      # validation samples are not a training step's
+                    tagged.setdefault(int(record["step"]), []).append(record)
     for step, row in by_step.items():
         if tagged:
             match_components(step, row, tagged)

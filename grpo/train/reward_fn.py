@@ -54,7 +54,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     if not tokens:
         out = {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1,
                "reward_failed": 0, **component_fields({"cer": no_speech_reward, "sim": 0.0, "duration": 0.0})}
-        log_components(component_log, extra_info, out)
+        log_components(component_log, extra_info, out, 0)
         return out
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
@@ -75,15 +75,17 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     out = {"score": float(result["reward"]), "error_rate": float(result["error_rate"]),
            "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0,
            **component_fields(result.get("components", {}))}
-    log_components(component_log, extra_info, out)
+    log_components(component_log, extra_info, out, len(tokens))
     return out
 
 
-def log_components(path: str | None, extra_info: dict, out: dict) -> None:
+def log_components(path: str | None, extra_info: dict, out: dict, speech_tokens: int) -> None:
     """verl engine: the sample's components under its training step (the agent loop puts `global_steps` in
-    extra_info); verl 0.9.1 logs no reward extras while training, so the launcher averages these per step."""
+    extra_info); verl 0.9.1 logs no reward extras while training, so the launcher averages these per step.
+    Each line also names the sample and its length, so its length bounds can be checked from the data."""
     if path and extra_info.get("global_steps") is not None:
-        append_line(path, {"step": int(extra_info["global_steps"]), "score": out["score"],
+        append_line(path, {"step": int(extra_info["global_steps"]), "sample_id": extra_info.get("sample_id"),
+                           "speech_tokens": speech_tokens, **(extra_info.get("sampling") or {}), "score": out["score"],
                            "error_rate": out["error_rate"], **{k: out[k] for k in COMPONENT_FIELDS}})
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.decoding import RAS_PROCESSOR
+from grpo.decoding import RAS_PROCESSOR, capped
 from grpo.model.speech_vocab import SpeechVocab
 
 # in-process engine: starts in ~2 s instead of ~15 s, and weights can be synced by reference
@@ -65,10 +65,14 @@ class VLLMRollout:
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [[list(c.token_ids) for c in out.outputs] for out in outputs]
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                 bounds: list[tuple[int, int]] | None = None) -> list[list[list[int]]]:
+        """`n` samples per prompt; `bounds`: per prompt (min, max) tokens, max capped at sampling.max_tokens."""
+        bounds = bounds or [(0, sampling.max_tokens)] * len(prompts)
         return self.run(prompts, [self.speech_params(n=sampling.n, temperature=sampling.temperature,
-                                                     top_p=sampling.top_p, top_k=sampling.top_k,
-                                                     max_tokens=sampling.max_tokens, seed=seed) for seed in seeds])
+                                                     top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
+                                                     **capped(lo, hi, sampling.max_tokens))
+                                  for seed, (lo, hi) in zip(seeds, bounds, strict=True)])
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load the policy's current weights into the engine (in-process, by reference)."""
@@ -88,19 +92,23 @@ class TransformersRollout:
         self.model, self.vocab, self.pad_token_id = model, vocab, pad_token_id
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int]) -> list[list[list[int]]]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                 bounds: list[tuple[int, int]] | None = None) -> list[list[list[int]]]:
         was_training = self.model.training
         self.model.eval()
         stops = set(self.vocab.stop_token_ids)
         results = []
-        for prompt, seed in zip(prompts, seeds):
+        bounds = bounds or [(0, sampling.max_tokens)] * len(prompts)
+        for prompt, seed, (lo, hi) in zip(prompts, seeds, bounds, strict=True):
             torch.manual_seed(seed)
             ids = torch.tensor([prompt], device=self.model.device)
             greedy = sampling.temperature == 0
             out = self.model.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=not greedy, num_return_sequences=sampling.n,
                 temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-                top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k, max_new_tokens=sampling.max_tokens,
+                top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
+                min_new_tokens=capped(lo, hi, sampling.max_tokens)["min_tokens"] or None,
+                max_new_tokens=capped(lo, hi, sampling.max_tokens)["max_tokens"],
                 eos_token_id=list(self.vocab.stop_token_ids),
                 pad_token_id=self.pad_token_id)
             group = []

@@ -8,6 +8,10 @@ any of the end-of-speech ids ends a response: its agent loops pass `sampling_par
 in the package, so every node has it) and selected with
 `actor_rollout_ref.rollout.agent.default_agent_loop=speech_token_agent`. It also tags each output with its
 training step, which reaches the reward function (see `run`).
+
+Each request gets its item's CosyVoice length bounds from its text (grpo.decoding), and validation items
+(split "val") the evaluation's decoding: both from the `grpo_decoding` node the launcher adds to main_ppo's
+config, so every node has them without a file.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
+from grpo.decoding import capped, length_bounds, sampling_kwargs, text_token_count
 from grpo.model.speech_vocab import SpeechVocab
 
 AGENT_NAME = "speech_token_agent"
@@ -36,13 +41,42 @@ def speech_sampling_params(sampling_params: dict[str, Any], vocab: SpeechVocab) 
     return params
 
 
+def bounded_sampling_params(sampling_params: dict[str, Any], decoding, text_tokens: int, validate: bool,
+                            response_length: int) -> dict[str, Any]:
+    """The item's CosyVoice length bounds (`min_tokens`/`max_tokens`, capped at verl's response_length); a
+    validation item is decoded as the evaluation decodes (`decoding.validation`), not with verl's greedy
+    val_kwargs. `decoding` is the launcher's `grpo_decoding` node of main_ppo's config."""
+    spec = decoding.validation if validate else decoding.train
+    min_len, max_len = length_bounds(text_tokens, spec.min_token_text_ratio, spec.max_token_text_ratio)
+    capped_len = capped(min_len, max_len, response_length)
+    params = dict(sampling_params)
+    if validate:
+        params.update(sampling_kwargs(spec.preset, capped_len["min_tokens"], capped_len["max_tokens"],
+                                      spec.temperature, spec.top_p, spec.top_k))
+    else:
+        params.update(capped_len)
+    return params
+
+
 class SpeechTokenAgentLoop(SingleTurnAgentLoop):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.vocab = _vocab(str(self.config.actor_rollout_ref.model.path))
+        self.decoding = self.config.get("grpo_decoding")
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
-        output = await super().run(speech_sampling_params(sampling_params, self.vocab), **kwargs)
+        params = speech_sampling_params(sampling_params, self.vocab)
+        extra_info = kwargs.get("extra_info") or {}
+        validate = extra_info.get("split") == "val"
+        if self.decoding is not None and "text" in extra_info:   # our data stage's rows (grpo.data.to_records)
+            params = bounded_sampling_params(
+                params, self.decoding, text_token_count(self.tokenizer, extra_info["text"]), validate,
+                response_length=int(self.config.actor_rollout_ref.rollout.response_length))
+        output = await super().run(params, **kwargs)
+        # what this request was sent with, for the reward function's component log (checkable per sample)
+        output.extra_fields["sampling"] = {"validate": validate, "min_tokens": params.get("min_tokens"),
+                                           "max_tokens": params.get("max_tokens"),
+                                           "ras": "cosyvoice_ras" in (params.get("extra_args") or {})}
         # verl hands a sample's extra_fields to the reward function inside extra_info: the step lets
         # compute_score log each reward component per training step (reward.component_log)
         output.extra_fields.setdefault("global_steps", kwargs.get("global_steps"))

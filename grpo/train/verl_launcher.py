@@ -23,6 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from grpo.decoding import RAS_PROCESSOR
 from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
 from grpo.config import REPO_ROOT
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
@@ -229,10 +230,24 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={v.attn_implementation}")
     if cpu:
         overrides += [f"++ray_kwargs.ray_init.{k}={_value(val)}" for k, val in CPU_RAY_INIT.items()]
+    # CosyVoice's RAS in verl's vLLM servers (used by validation requests that ask for it), and the decoding the
+    # agent loop applies per item (grpo/train/verl_agent_loop.py): carried in main_ppo's config to every node
+    overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value([RAS_PROCESSOR])}")
+    overrides.append(f"+grpo_decoding={_value(decoding_node(cfg))}")
     # reward_kwargs is not in verl's schema: add it with '+'
     overrides += [f"+reward.custom_reward_function.reward_kwargs.{k}={_value(val)}"
                   for k, val in reward_kwargs(cfg).items()]
     return overrides + list(v.extra_overrides)
+
+
+def decoding_node(cfg: DictConfig) -> dict:
+    """What the agent loop needs to bound and decode each item: training's length ratios, and the evaluation's
+    decoding for verl's validation (its own val_kwargs are greedy, which loops CosyVoice2)."""
+    t, e = cfg.train, cfg.eval
+    return {"train": {"min_token_text_ratio": t.min_token_text_ratio, "max_token_text_ratio": t.max_token_text_ratio},
+            "validation": {"preset": e.decoding, "min_token_text_ratio": e.min_token_text_ratio,
+                           "max_token_text_ratio": e.max_token_text_ratio, "temperature": e.temperature,
+                           "top_p": e.top_p, "top_k": e.top_k}}
 
 
 def command(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
