@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from grpo.config import resolve_path
+from grpo.text_frontend import normalize
 
 log = logging.getLogger(__name__)
 
@@ -119,15 +120,21 @@ def check_duplicates(rows: list[dict], path: str, policy: str) -> tuple[list[dic
 
 
 def to_records(rows: list[dict], cfg: DictConfig, split: str) -> list[dict]:
-    """verl's RL dataset schema: chat-message prompt, ground truth for the reward, extra_info."""
-    return [{
-        "data_source": cfg.data_source,
-        "prompt": [{"role": "user", "content": row["text"]}],
-        "ability": cfg.ability,
-        "reward_model": {"style": "rule", "ground_truth": row["text"]},
-        "extra_info": {"index": i, "split": split, "text": row["text"], "language": row["language"],
-                       "sample_id": row["id"]},
-    } for i, row in enumerate(rows)]
+    """verl's RL dataset schema: chat-message prompt, ground truth for the reward, extra_info. The prompt holds
+    the text as CosyVoice's frontend normalises it (`data.text_frontend`); extra_info keeps both."""
+    records = []
+    for i, row in tqdm(list(enumerate(rows)), desc=f"{split}: text frontend", mininterval=5,
+                       disable=not cfg.text_frontend):
+        fed = normalize(row["text"], cfg.frontend_tokenizer_dir) if cfg.text_frontend else row["text"]
+        records.append({
+            "data_source": cfg.data_source,
+            "prompt": [{"role": "user", "content": fed}],
+            "ability": cfg.ability,
+            "reward_model": {"style": "rule", "ground_truth": row["text"]},
+            "extra_info": {"index": i, "split": split, "text": row["text"], "normalized_text": fed,
+                           "language": row["language"], "sample_id": row["id"]},
+        })
+    return records
 
 
 def write_parquet(records: list[dict], out_path: Path) -> None:
@@ -206,7 +213,7 @@ def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | N
 def run(cfg: DictConfig) -> int:
     try:
         prepare(cfg.data, min_train_rows=cfg.train.batch_size, max_speech_tokens=cfg.train.max_response_tokens)
-    except DataError as exc:
+    except (DataError, FileNotFoundError) as exc:
         log.error("data stage failed, nothing written. %s", exc)
         return 1
     return 0

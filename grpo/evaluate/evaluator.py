@@ -20,6 +20,7 @@ from tqdm import tqdm
 from grpo.evaluate import cer, report
 from grpo.checkpoint_selection import select_checkpoints
 from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
+from grpo.text_frontend import llm_text_ids, normalize
 from grpo.train.local_engine import request_seed
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.evaluate.test_sets import ZeroShotItem, load_set
@@ -57,21 +58,24 @@ def prompt_features(items: list[ZeroShotItem], cfg: DictConfig) -> dict[str, dic
     return feats
 
 
-def build_prompts(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool = True):
-    """Token ids of the LLM input and the target text's token count (for min/max length).
+def build_inputs(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool = True,
+                 frontend_dir: str | None = None) -> list[dict]:
+    """Per item, what the LLM is fed: the (normalised) texts, the input ids and the target's token count.
 
-    llm_prompt=True is CosyVoice2's zero-shot input: sos, prompt text + target text, task_id, then the
-    prompt's speech tokens as the assistant prefix. False is its cross-lingual input: the prompt only
-    conditions token2wav, the LLM sees the target text alone."""
-    prompts, text_lens = [], []
+    As CosyVoice's `frontend_zero_shot` + `Qwen2LM.inference`: each text through the frontend's
+    `text_normalize` (`frontend_dir`: CosyVoice's tokenizer dir; None: raw), prompt text and target text
+    tokenized separately and concatenated inside sos ... task_id, then the prompt's speech tokens
+    (llm_prompt=True, zero-shot). llm_prompt=False is its cross-lingual input: the LLM sees the target alone."""
+    inputs = []
     for it in items:
-        text = it.prompt_text + it.text if llm_prompt else it.text
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True, return_dict=False)
+        text = normalize(it.text, frontend_dir) if frontend_dir else it.text
+        prompt = (normalize(it.prompt_text, frontend_dir) if frontend_dir else it.prompt_text) if llm_prompt else ""
+        ids = [vocab.sos_token_id, *llm_text_ids(tokenizer, text, prompt), vocab.task_id_token_id]
         if llm_prompt:
-            ids = ids + vocab.to_hf_ids(feats[it.id]["llm_prompt_speech_token"].flatten().tolist())
-        prompts.append(ids)
-        text_lens.append(text_token_count(tokenizer, it.text))
-    return prompts, text_lens
+            ids += vocab.to_hf_ids(feats[it.id]["llm_prompt_speech_token"].flatten().tolist())
+        inputs.append({"id": it.id, "prompt_text": prompt, "text": text, "input_ids": ids,
+                       "text_tokens": text_token_count(tokenizer, text)})
+    return inputs
 
 
 class Evaluator:
@@ -85,8 +89,14 @@ class Evaluator:
         self.tokenizer = AutoTokenizer.from_pretrained(base)
         self.vocab = SpeechVocab.load(base)
         self.feats = prompt_features(items, cfg)
-        self.prompts, self.text_lens = build_prompts(items, self.feats, self.tokenizer, self.vocab, self.e.llm_prompt)
-        max_len = max(len(p) for p in self.prompts) + int(self.e.max_token_text_ratio * max(self.text_lens)) + 8
+        frontend = cfg.data.frontend_tokenizer_dir if self.e.text_frontend else None
+        self.inputs = build_inputs(items, self.feats, self.tokenizer, self.vocab, self.e.llm_prompt, frontend)
+        self.prompts = [x["input_ids"] for x in self.inputs]
+        for x in self.inputs:
+            x["min_tokens"], x["max_tokens"] = length_bounds(x["text_tokens"], self.e.min_token_text_ratio,
+                                                             self.e.max_token_text_ratio)
+            x["decoding"] = self.e.decoding
+        max_len = max(len(p) for p in self.prompts) + max(x["max_tokens"] for x in self.inputs) + 8
         dtype = cfg.train.rollout.dtype
         self.engine = VLLMRollout(base, self.vocab, dtype, cfg.train.rollout.gpu_memory_utilization,
                                   cfg.train.rollout.enforce_eager, max_len, cfg.seed,
@@ -127,11 +137,9 @@ class Evaluator:
     def generate(self, model_dir: Path) -> list[list[int]]:
         """One sample per item under `eval.decoding`, within the item's CosyVoice length bounds."""
         self.engine.load_weights_from(model_dir)
-        params = []
-        for i, n in enumerate(self.text_lens):
-            min_len, max_len = length_bounds(n, self.e.min_token_text_ratio, self.e.max_token_text_ratio)
-            params.append(self.engine.speech_params(n=1, seed=request_seed(self.e.seed, 0, i), **sampling_kwargs(
-                self.e.decoding, min_len, max_len, self.e.temperature, self.e.top_p, self.e.top_k)))
+        params = [self.engine.speech_params(n=1, seed=request_seed(self.e.seed, 0, i), **sampling_kwargs(
+            self.e.decoding, x["min_tokens"], x["max_tokens"], self.e.temperature, self.e.top_p, self.e.top_k))
+            for i, x in enumerate(self.inputs)]
         return [self.vocab.to_speech_tokens(group[0]) for group in self.engine.run(self.prompts, params)]
 
     def evaluate(self, name: str, model_dir: Path) -> list[Scored]:
@@ -184,6 +192,16 @@ class Evaluator:
         return [results[it.id] for it in self.items]
 
 
+def write_inputs(path: Path, inputs: list[dict]) -> None:
+    """eval/inputs.jsonl: per item what the model was fed (texts after the frontend, ids, length bounds, decoding)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for x in inputs:
+            f.write(json.dumps(x, ensure_ascii=False) + "\n")
+
+
 def run(cfg: DictConfig) -> int:
     e = cfg.eval
     items = load_set(e.set, e.data_path, e.get("language"))
@@ -194,6 +212,7 @@ def run(cfg: DictConfig) -> int:
     checkpoints = select_checkpoints(cfg, e.checkpoints)
     log.info("evaluating %d checkpoint(s) on %d items: %s", len(checkpoints), len(items), ", ".join(checkpoints))
     evaluator = Evaluator(cfg, items)
+    write_inputs(Path(e.out_dir) / "inputs.jsonl", evaluator.inputs)
     unit = "pinyin syllable (synthetic codebook)" if e.asr == "synthetic" else "Seed-TTS-eval CER/WER"
     summary = {}
     for name, path in checkpoints.items():

@@ -70,7 +70,8 @@ class SpeechTokenAgentLoop(SingleTurnAgentLoop):
         validate = extra_info.get("split") == "val"
         if self.decoding is not None and "text" in extra_info:   # our data stage's rows (grpo.data.to_records)
             params = bounded_sampling_params(
-                params, self.decoding, text_token_count(self.tokenizer, extra_info["text"]), validate,
+                params, self.decoding,
+                text_token_count(self.tokenizer, extra_info.get("normalized_text") or extra_info["text"]), validate,
                 response_length=int(self.config.actor_rollout_ref.rollout.response_length))
         output = await super().run(params, **kwargs)
         # what this request was sent with, for the reward function's component log (checkable per sample)
