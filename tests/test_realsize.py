@@ -187,3 +187,15 @@ def test_vllm_logprobs_match_transformers_at_real_size(realsize_cfg):
     hf_lp = torch.log_softmax(logits[0, len(prompt) - 1:-1], dim=-1).gather(-1, torch.tensor(sampled)[:, None])[:, 0]
     assert all(vocab.is_speech_id(t) or t in vocab.stop_token_ids for t in sampled)
     assert torch.allclose(vllm_lp, hf_lp, atol=2e-3), (vllm_lp, hf_lp)
+
+
+def test_the_chinese_judge_is_the_model_seed_tts_eval_loads():
+    """Seed-TTS-eval's run_wer.py loads AutoModel(model="paraformer-zh"); funasr 1.4.16's name map
+    (funasr/download/name_maps_from_hub.py) resolves that to SeACo-Paraformer, which stage -1 downloads."""
+    from grpo.model.prepare import modelscope_repo
+
+    cfg = load_config(["profile=cosyvoice2", "exp_dir=/x"])
+    assert cfg.model.modelscope.paraformer == "paraformer-zh"
+    assert modelscope_repo(cfg.model.modelscope.paraformer) == \
+        "iic/speech_seaco_paraformer_large_asr_nat-zh-cn-16k-common-vocab8404-pytorch"
+    assert modelscope_repo("iic/SenseVoiceSmall") == "iic/SenseVoiceSmall"      # an id passes unchanged

@@ -111,8 +111,17 @@ def download(cfg: DictConfig) -> None:
             hf_download(m.huggingface[key], local_dir=str(target),
                         allow_patterns=["*.json", "*.txt", "model.safetensors"])     # not the .bin/flax copies
         else:
-            log.info("downloading %s from ModelScope -> %s", m.modelscope[key], target)
-            snapshot_download(m.modelscope[key], local_dir=str(target))
+            repo = modelscope_repo(m.modelscope[key])
+            log.info("downloading %s from ModelScope -> %s", repo, target)
+            snapshot_download(repo, local_dir=str(target))
+
+
+def modelscope_repo(name: str) -> str:
+    """A ModelScope id, or a funasr model name resolved as funasr's AutoModel resolves it (its name map):
+    `paraformer-zh` is what Seed-TTS-eval's run_wer.py loads, the SeACo-Paraformer large model."""
+    from funasr.download.name_maps_from_hub import name_maps_ms
+
+    return name_maps_ms.get(name, name)
 
 
 def convert(cfg: DictConfig) -> dict:
