@@ -56,4 +56,3 @@ class CosyVoiceRAS(AdapterLogitsProcessor):
             return probs.log().to(logits.dtype)    # log 0 = -inf: never sampled
 
         return apply
-

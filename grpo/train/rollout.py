@@ -100,6 +100,7 @@ class TransformersRollout:
         results = []
         bounds = bounds or [(0, sampling.max_tokens)] * len(prompts)
         for prompt, seed, (lo, hi) in zip(prompts, seeds, bounds, strict=True):
+            length = capped(lo, hi, sampling.max_tokens)
             torch.manual_seed(seed)
             ids = torch.tensor([prompt], device=self.model.device)
             greedy = sampling.temperature == 0
@@ -107,8 +108,7 @@ class TransformersRollout:
                 ids, attention_mask=torch.ones_like(ids), do_sample=not greedy, num_return_sequences=sampling.n,
                 temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
                 top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
-                min_new_tokens=capped(lo, hi, sampling.max_tokens)["min_tokens"] or None,
-                max_new_tokens=capped(lo, hi, sampling.max_tokens)["max_tokens"],
+                min_new_tokens=length["min_tokens"] or None, max_new_tokens=length["max_tokens"],
                 eos_token_id=list(self.vocab.stop_token_ids),
                 pad_token_id=self.pad_token_id)
             group = []
