@@ -87,6 +87,23 @@ def ras_probs(logits: torch.Tensor, history: list[int], cfg: RASConfig, stop_ids
     return probs
 
 
+def rollout_correction(preset: str, threshold: float) -> dict | None:
+    """verl's `algorithm.rollout_correction` for training rollouts drawn with `preset`: None for `plain` (the
+    policy's own distribution), else decoupled mode (pi_old recomputed by the actor, never bypass + PPO clip)
+    with token-level IS weights min(pi_old / pi_rollout, threshold), as RolloutCorrectionConfig.decoupled_token_is
+    builds them. Both engines use it: the verl launcher as main_ppo overrides, the local engine through verl's
+    rollout_corr_helper. pi_rollout is vLLM's processed log-prob (after the RAS processor / top-k)."""
+    if preset not in PRESETS:
+        raise ValueError(f"train.decoding must be one of {', '.join(PRESETS)}, got {preset!r}")
+    if preset == "plain":
+        return None
+    if not threshold > 1.0:
+        raise ValueError(f"train.rollout_is_threshold must be > 1 (an upper bound on pi_old / pi_rollout), "
+                         f"got {threshold!r}")
+    return {"rollout_is": "token", "rollout_is_threshold": float(threshold), "rollout_rs": None,
+            "bypass_mode": False}
+
+
 def sampling_kwargs(preset: str, min_len: int, max_len: int, temperature: float = 1.0, top_p: float = 1.0,
                     top_k: int = -1, ras: RASConfig | None = None) -> dict:
     """vLLM SamplingParams keyword arguments for one item (stop ids are added by the caller)."""

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo.train.grpo_step import (actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss,
-                                  response_logits)
+from grpo.train.grpo_step import (actor_config, build_batch, filter_groups, gdpo_components, group_normalized_advantages,
+                                  grpo_advantages, log_probs, policy_loss, response_logits)
 from grpo.train.rollout import SamplingConfig, TransformersRollout
 from grpo.model.speech_vocab import SpeechVocab
 
@@ -29,6 +29,39 @@ def test_batch_layout_and_advantages_match_verl():
     torch.testing.assert_close(grpo_advantages(batch, norm_by_std=False)[:, 0], torch.tensor([0.5, -0.5, 0.0, 0.0]))
     kept, dropped = filter_groups(batch)
     assert dropped == 1 and kept.group_index.tolist() == [0, 0]
+
+
+def test_group_normalised_components_by_hand():
+    """reward.combine=group_normalized (GDPO): group 0 (3 samples) has a varying cer and a constant sim, group 1
+    (2 samples) both varying; weights cer 1, sim 0.5, one response token each. By hand: z-scores per component and
+    group with the unbiased std, group 0: cer [1, 0, -1], sim [0, 0, 0] (constant: contributes nothing); group 1:
+    cer [.7071, -.7071], sim [-.7071, .7071] -> sums [1, 0, -1, .3536, -.3536]; whitened over the batch (mean 0,
+    unbiased variance 2.25 / 4, std 0.75): [4/3, 0, -4/3, .4714, -.4714]."""
+    from omegaconf import OmegaConf
+
+    reward = OmegaConf.create({"weights": {"cer": 1.0, "sim": 0.5, "duration": 0.0}, "combine": "group_normalized"})
+    keys, weights = gdpo_components(reward)
+    assert (keys, weights) == (["reward_cer", "reward_sim"], [1.0, 0.5])          # weight 0: not a component
+    assert gdpo_components(OmegaConf.merge(reward, {"combine": "weighted_mean"})) is None
+    with pytest.raises(ValueError, match="reward.combine"):
+        gdpo_components(OmegaConf.merge(reward, {"combine": "sum"}))
+
+    def batch(sim):
+        b = build_batch([[5, 6]] * 5, [[100]] * 5, [0.0] * 5, [0, 0, 0, 1, 1], pad_token_id=0)
+        b.components = {"reward_cer": np.array([1.0, 0.5, 0.0, 1.0, 0.0]), "reward_sim": np.array(sim)}
+        return b
+
+    adv = group_normalized_advantages(batch([0.7, 0.7, 0.7, 0.0, 1.0]), keys, weights, norm_by_std=True)
+    h = 0.35355339 / 0.75
+    torch.testing.assert_close(adv[:, 0], torch.tensor([4 / 3, 0.0, -4 / 3, h, -h]), rtol=1e-4, atol=1e-4)
+    # the constant component contributes nothing, whatever its value
+    torch.testing.assert_close(group_normalized_advantages(batch([0.1, 0.1, 0.1, 0.0, 1.0]), keys, weights, True), adv)
+    with pytest.raises(ValueError, match="reward_sim"):
+        b = batch([0.7, 0.7, 0.7, 0.0, 1.0])
+        b.components["reward_sim"][0] = np.nan          # the backend gave no sim: refused, never a silent NaN
+        group_normalized_advantages(b, keys, weights, True)
+    # the rows follow a selection (filter_groups keeps the components aligned)
+    assert batch([0.7] * 3 + [0.0, 1.0]).select([3, 4]).components["reward_sim"].tolist() == [0.0, 1.0]
 
 
 def test_clipped_policy_loss_matches_the_ppo_formula_by_hand():

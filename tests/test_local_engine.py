@@ -86,6 +86,93 @@ def test_every_rollout_keeps_its_items_length_bounds(tiny_cfg, synthetic_server,
                 assert not stops & set(resp[:lo])
 
 
+def test_ras_rollouts_are_reweighted_by_verls_truncated_token_is(tiny_cfg, synthetic_server, tmp_path, monkeypatch):
+    """train.decoding=cosyvoice_ras: rollouts drawn with CosyVoice's RAS (off the policy), so every token of the
+    update is weighted min(pi_old / pi_rollout, 2) (verl's decoupled token-TIS): pi_rollout is log P_ras of the
+    policy's logits (closed form, grpo.decoding.ras_probs), pi_old the full softmax, both recomputed here."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo.decoding import RASConfig, ras_probs
+    from grpo.train import local_engine
+    from grpo.train.local_engine import LocalGRPOTrainer
+
+    cfg = tiny_cfg(f"reward.port={synthetic_server.port}", f"train.out_dir={tmp_path}", *SMALL,
+                   "train.decoding=cosyvoice_ras", "train.min_token_text_ratio=1", "train.max_token_text_ratio=3")
+    with pytest.raises(ValueError, match="train.rollout.backend=vllm"):
+        LocalGRPOTrainer(tiny_cfg(f"train.out_dir={tmp_path / 'hf'}", *SMALL, "train.decoding=cosyvoice_ras",
+                                  "train.rollout.backend=transformers"))
+    trainer = LocalGRPOTrainer(cfg)
+    policy = AutoModelForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32).eval()   # = pi_old
+    seen = []
+    loss = local_engine.policy_loss
+
+    def spy(model, mb, advantages, old_logp, ref_logp, actor_cfg, allowed=None, is_weights=None):
+        seen.append((mb, old_logp, is_weights))
+        return loss(model, mb, advantages, old_logp, ref_logp, actor_cfg, allowed, is_weights)
+
+    monkeypatch.setattr(local_engine, "policy_loss", spy)
+    metrics = trainer.train_step(1)
+    assert len(seen) == 1 and seen[0][2] is not None, "the off-policy update ran without IS weights"
+    mb, old_logp, weights = seen[0]
+    assert "rollout_actor_kl" in metrics and metrics["rollout_actor_kl"] > 0
+    P, stops, clipped, checked = mb.prompt_width, trainer.vocab.stop_token_ids, 0, 0
+    for i in range(len(mb.responses)):
+        n = int(mb.response_mask[i].sum())
+        prompt = mb.input_ids[i, :P][mb.attention_mask[i, :P].bool()].tolist()
+        resp = mb.responses[i, :n].tolist()
+        with torch.no_grad():
+            logits = policy(torch.tensor([prompt + resp])).logits[0, len(prompt) - 1:len(prompt) - 1 + n].float()
+        old = logits.log_softmax(-1)[torch.arange(n), torch.tensor(resp)]
+        assert torch.allclose(old_logp[i, :n], old, atol=1e-4)
+        text = next(r for r in trainer.records if r["prompt_ids"] == prompt)["prompt"][-1]["content"]
+        min_len = len(trainer.tokenizer.encode(text, add_special_tokens=False))      # ratio 1
+        for t in range(0, n, 4):   # every 4th token: the closed form is slow in Python
+            want = ras_probs(logits[t], resp[:t], RASConfig(), stops, forbid_stop=t < min_len)[resp[t]].log()
+            assert float(mb.rollout_logp[i, t]) == pytest.approx(float(want), abs=2e-3), (i, t)
+            checked += 1
+        expected = torch.clamp((old - mb.rollout_logp[i, :n]).exp(), max=2.0)
+        assert torch.allclose(weights[i, :n], expected, atol=1e-4)
+        clipped += int((expected == 2.0).sum())
+    assert checked >= 40 and clipped > 0     # the truncation is exercised (RAS puts mass where p has little)
+
+
+def test_group_normalised_rewards_in_the_local_engine(tiny_cfg, synthetic_server, tmp_path, monkeypatch):
+    """reward.combine=group_normalized: the advantages of the update are GDPO's, recomputed here with numpy from
+    the batch's own component values (z-score per component and group, weighted sum, whitened over tokens)."""
+    import torch
+
+    from grpo.train import local_engine
+    from grpo.train.local_engine import LocalGRPOTrainer
+
+    cfg = tiny_cfg(f"reward.port={synthetic_server.port}", f"train.out_dir={tmp_path}", *SMALL,
+                   "reward.combine=group_normalized", "reward.weights.duration=0.5")
+    trainer = LocalGRPOTrainer(cfg)
+    seen = []
+    loss = local_engine.policy_loss
+
+    def spy(model, mb, advantages, *args, **kwargs):
+        seen.append((mb, advantages))
+        return loss(model, mb, advantages, *args, **kwargs)
+
+    monkeypatch.setattr(local_engine, "policy_loss", spy)
+    trainer.train_step(1)
+    (mb, adv), = seen
+    assert set(mb.components) == {"reward_cer", "reward_duration"}
+    total = np.zeros(len(mb.group_index))
+    for key, w in (("reward_cer", 1.0), ("reward_duration", 0.5)):
+        x = mb.components[key].astype(np.float64)
+        for g in np.unique(mb.group_index):
+            rows = mb.group_index == g
+            total[rows] += w * (x[rows] - x[rows].mean()) / (x[rows].std(ddof=1) + 1e-6)
+    mask = mb.response_mask.numpy().astype(bool)
+    tokens = np.repeat(total, mask.sum(1))                     # each sample's advantage on each of its tokens
+    expected = (total - tokens.mean()) / np.sqrt(tokens.var(ddof=1) + 1e-8)
+    got = adv.numpy()
+    assert np.allclose(got[mask], np.repeat(expected, mask.sum(1)), atol=1e-4) and not got[~mask].any()
+    assert np.abs(expected).max() > 0.1
+
+
 def train_cmd(exp_dir, out_dir, port, *extra):
     return [sys.executable, "-m", "grpo", "train", f"exp_dir={exp_dir}", *FAST_TINY, f"train.out_dir={out_dir}",
             f"reward.port={port}", "train.total_steps=6", "train.save_freq=2", *SMALL, *extra]

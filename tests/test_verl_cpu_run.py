@@ -46,6 +46,7 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["response_length_mean"] > 0 for r in rows)
     logged = [json.loads(x) for x in (out / verl_launcher.COMPONENT_LOG).read_text().splitlines()]
     check_length_bounds(cfg, logged)
+    assert not any(x["ras"] for x in logged if not x["validate"])      # training: plain, on-policy
     samples = [x for x in logged if not x["validate"]]
     assert sorted({x["step"] for x in samples}) == [0, 1]      # verl tags a step's prompts one step early
     for r in rows:   # each sample's components under its batch; the default weights make reward = cer
@@ -76,7 +77,29 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     assert export.run(cfg) == 0 and (tmp_path / "export" / "step_2" / "llm.pt").exists()
 
 
-def check_length_bounds(cfg, logged):
+@pytest.mark.slow     # ~3 min; .ci/run runs it
+@pytest.mark.server
+def test_main_ppo_trains_on_ras_rollouts_with_its_token_is_correction(tiny_cfg, synthetic_server, tmp_path):
+    """train.decoding=cosyvoice_ras through verl's main_ppo: the training requests carry RAS (component log),
+    each within its item's bounds, and verl's decoupled rollout correction ran on them (its rollout_corr/ IS
+    metrics in the step's log, weights truncated at the threshold)."""
+    out = tmp_path / "train"
+    cfg = tiny_cfg("train.engine=verl", f"train.out_dir={out}", "train.total_steps=1", "train.save_freq=100",
+                   "train.batch_size=4", "train.n=4", f"reward.port={synthetic_server.port}",
+                   "train.verl.timeout_s=900", "train.decoding=cosyvoice_ras", "train.rollout_is_threshold=2.0",
+                   "train.min_token_text_ratio=1", "train.max_token_text_ratio=3")
+    assert verl_launcher.run(cfg) == 0
+    (row,) = read_metrics(out / "metrics.jsonl")
+    assert 0.0 <= row["reward_mean"] <= 1.0
+    assert 0.0 < row["rollout_corr/rollout_is_mean"] <= 2.0           # token weights truncated at 2
+    assert row["rollout_corr/rollout_is_ratio_fraction_high"] > 0     # ... and some were: RAS is off-policy
+    assert row["rollout_actor_kl"] > 0
+    logged = [json.loads(x) for x in (out / verl_launcher.COMPONENT_LOG).read_text().splitlines()]
+    assert len(logged) == 16 and all(x["ras"] and not x["validate"] for x in logged)
+    check_length_bounds(cfg, logged, validations=0)
+
+
+def check_length_bounds(cfg, logged, validations: int = 8):
     """Each logged sample (training and validation) within its own item's bounds, from the data: the text of its
     sample_id in the parquet, counted with CosyVoice's tokenizer; validation requests carried RAS."""
     import datasets
@@ -88,9 +111,8 @@ def check_length_bounds(cfg, logged):
         for row in datasets.Dataset.from_parquet(str(Path(cfg.data.out_dir) / f"{split}.parquet")):
             texts[row["extra_info"]["sample_id"]] = row["extra_info"]["normalized_text"]   # what the LLM read
     ceiling = cfg.train.max_response_tokens
-    validations = [x for x in logged if x["validate"]]
-    assert len(validations) == 8 and all(x["ras"] for x in validations)
-    assert not any(x["ras"] for x in logged if not x["validate"])
+    val = [x for x in logged if x["validate"]]
+    assert len(val) == validations and all(x["ras"] for x in val)
     for x in logged:
         n = len(cosy.encode(texts[x["sample_id"]]))
         hi = min(3 * n, ceiling)

@@ -166,34 +166,15 @@ def test_agent_loop_passes_the_stop_ids_to_vllm(tiny_cfg):
 def test_agent_loop_bounds_each_item_and_validates_with_the_evaluations_decoding(tiny_cfg):
     """Per item: min/max tokens = CosyVoice's ratios x the text's token count (CosyVoice's own tokenizer), capped
     at verl's response_length; a validation row (split "val") gets eval.decoding (RAS here), not greedy."""
-    import hydra
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
-    from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-    from verl.workers.rollout.replica import TokenOutput
-
-    from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG
 
     cfg = tiny_cfg("train.engine=verl", "train.min_token_text_ratio=2", "train.max_token_text_ratio=5",
                    "train.max_response_tokens=64", "eval.decoding=cosyvoice_ras", "eval.min_token_text_ratio=1",
                    "eval.max_token_text_ratio=3")
-    vocab = SpeechVocab.load(cfg.model.hf_dir)
     config = verl_config(verl_launcher.build_overrides(cfg))
     assert list(config.actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors) == \
         ["grpo.model.ras_logits:CosyVoiceRAS"]
-    calls = []
-
-    class RecordingServer:
-        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
-            calls.append(sampling_params)
-            return TokenOutput(token_ids=vocab.to_hf_ids([5]) + [vocab.stop_token_ids[0]], log_probs=None)
-
-    registry = {c.name: c for c in OmegaConf.load(AGENT_LOOP_CONFIG)}
-    loop = hydra.utils.instantiate(config=OmegaConf.create({"_target_": registry["speech_token_agent"]._target_}),
-                                   trainer_config=DictConfigWrap(config=config), server_manager=RecordingServer(),
-                                   tokenizer=AutoTokenizer.from_pretrained(cfg.model.hf_dir), processor=None,
-                                   dataset_cls=None, data_config=DictConfigWrap(config.data))
+    loop, calls = recording_agent_loop(cfg, config)
     cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
     greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": False}     # verl's val_kwargs
     texts = ["今天天气很好。", "我们一起去公园散步吧，然后回家吃饭。" * 3, "好"]
@@ -212,6 +193,64 @@ def test_agent_loop_bounds_each_item_and_validates_with_the_evaluations_decoding
                                                              "min_tokens": min(n, 64)}
             assert params["max_tokens"] == min(3 * n, 64)
     assert 5 * len(cosy.encode(texts[1])) > 64                        # the long line hits the ceiling
+
+
+def test_ras_training_is_corrected_by_verls_decoupled_token_is(tiny_cfg):
+    """train.decoding=cosyvoice_ras: main_ppo's composed config carries verl's own decoupled token-TIS preset
+    (RolloutCorrectionConfig.decoupled_token_is) and vLLM's processed log-probs, and training requests are
+    RAS requests; the default (plain) leaves verl's rollout correction off."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    plain = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=1"), cpu=False)
+    assert plain.algorithm.rollout_correction.rollout_is is None
+    cfg = tiny_cfg("train.engine=verl", "train.decoding=cosyvoice_ras", "train.rollout_is_threshold=3.0",
+                   "train.verl.n_gpus_per_node=1",
+                   "train.min_token_text_ratio=2", "train.max_token_text_ratio=5", "train.max_response_tokens=64")
+    job = composed(cfg, cpu=False)
+    assert RolloutCorrectionConfig(**job.algorithm.rollout_correction) == RolloutCorrectionConfig.decoupled_token_is(3.0)
+    assert job.actor_rollout_ref.rollout.calculate_log_probs is True
+    assert job.actor_rollout_ref.rollout.logprobs_mode == "processed_logprobs"
+    with pytest.raises(ValueError, match="rollout_is_threshold"):
+        verl_launcher.build_overrides(tiny_cfg("train.engine=verl", "train.decoding=cosyvoice_ras",
+                                               "train.rollout_is_threshold=0.5"))
+    loop, calls = recording_agent_loop(cfg, verl_config(verl_launcher.build_overrides(cfg)))
+    text = "今天天气很好。"
+    loop.loop.run_until_complete(loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True},
+                                          raw_prompt=[{"role": "user", "content": text}],
+                                          extra_info={"text": text, "split": "train"}))
+    from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+
+    n = len(get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True).encode(text))
+    (params,) = calls
+    assert params["extra_args"]["cosyvoice_ras"]["min_tokens"] == 2 * n and params["max_tokens"] == 5 * n
+    assert (params["temperature"], params["top_k"], params["top_p"], params["min_tokens"]) == (1, -1, 1, 0)
+    assert params["logprobs"] is True        # verl still asks for pi_rollout
+
+
+def recording_agent_loop(cfg, config):
+    """The speech agent loop as verl instantiates it, with a server that records each request's sampling params."""
+    import hydra
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.workers.rollout.replica import TokenOutput
+
+    from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG
+
+    vocab = SpeechVocab.load(cfg.model.hf_dir)
+    calls = []
+
+    class RecordingServer:
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            calls.append(sampling_params)
+            return TokenOutput(token_ids=vocab.to_hf_ids([5]) + [vocab.stop_token_ids[0]], log_probs=None)
+
+    registry = {c.name: c for c in OmegaConf.load(AGENT_LOOP_CONFIG)}
+    loop = hydra.utils.instantiate(config=OmegaConf.create({"_target_": registry["speech_token_agent"]._target_}),
+                                   trainer_config=DictConfigWrap(config=config), server_manager=RecordingServer(),
+                                   tokenizer=AutoTokenizer.from_pretrained(cfg.model.hf_dir), processor=None,
+                                   dataset_cls=None, data_config=DictConfigWrap(config.data))
+    return loop, calls
 
 
 def test_gpus_per_node_auto_and_too_many_stop_before_ray(tiny_cfg, monkeypatch):
@@ -333,3 +372,20 @@ def test_verls_vllm_server_command_line_loads_the_ras_processor(tiny_cfg):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["loaded"] == [RAS_PROCESSOR], out
+
+
+def test_group_normalised_rewards_use_verls_gdpo_estimator(tiny_cfg):
+    """reward.combine=group_normalized: main_ppo runs verl's own GDPO estimator (the function the local engine
+    calls, grpo_step.group_normalized_advantages) on compute_score's component keys with the reward weights."""
+    from verl.trainer.ppo import core_algos
+
+    from grpo.train.reward_fn import COMPONENT_FIELDS
+
+    cfg = tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=1", "reward.combine=group_normalized",
+                   "reward.weights.sim=0.1", "reward.weights.duration=0.5")
+    job = composed(cfg, cpu=False)
+    assert job.algorithm.adv_estimator == "gdpo"
+    assert list(job.algorithm.gdpo_reward_keys) == ["reward_cer", "reward_sim", "reward_duration"]
+    assert list(job.algorithm.gdpo_reward_weights) == [1.0, 0.1, 0.5]
+    assert set(job.algorithm.gdpo_reward_keys) <= set(COMPONENT_FIELDS)     # keys compute_score returns
+    assert core_algos.get_adv_estimator_fn("gdpo") is core_algos.compute_gdpo_outcome_advantage

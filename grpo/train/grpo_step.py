@@ -25,6 +25,8 @@ class RolloutBatch:
     response_mask: torch.Tensor    # (N, R) float
     scores: torch.Tensor           # (N,)
     group_index: np.ndarray        # (N,) prompt id of each sample
+    rollout_logp: torch.Tensor | None = None   # (N, R) pi_rollout per token (off-policy decoding only)
+    components: dict[str, np.ndarray] | None = None   # reward_<name> -> (N,) values (group-normalised rewards)
 
     @property
     def prompt_width(self) -> int:
@@ -34,12 +36,14 @@ class RolloutBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         return RolloutBatch(self.input_ids[rows], self.attention_mask[rows], self.position_ids[rows],
                             self.responses[rows], self.response_mask[rows], self.scores[rows],
-                            self.group_index[rows.numpy()])
+                            self.group_index[rows.numpy()],
+                            None if self.rollout_logp is None else self.rollout_logp[rows],
+                            None if self.components is None else {k: v[rows.numpy()] for k, v in self.components.items()})
 
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], scores: list[float], group_index: list,
-                pad_token_id: int) -> RolloutBatch:
-    """verl's layout from variable-length prompts and responses."""
+                pad_token_id: int, rollout_logps: list[list[float]] | None = None) -> RolloutBatch:
+    """verl's layout from variable-length prompts and responses (and the rollout's per-token log-probs)."""
     P = max(len(p) for p in prompts)
     R = max(1, max(len(r) for r in responses))
     N = len(prompts)
@@ -52,8 +56,14 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], scores: li
             input_ids[i, P:P + len(r)] = torch.tensor(r)
             attention[i, P:P + len(r)] = 1
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    rollout_logp = None
+    if rollout_logps is not None:
+        rollout_logp = torch.zeros((N, R), dtype=torch.float32)
+        for i, lp in enumerate(rollout_logps):
+            rollout_logp[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
     return RolloutBatch(input_ids, attention, position_ids, input_ids[:, P:].clone(),
-                        attention[:, P:].float(), torch.tensor(scores, dtype=torch.float32), np.asarray(group_index))
+                        attention[:, P:].float(), torch.tensor(scores, dtype=torch.float32), np.asarray(group_index),
+                        rollout_logp)
 
 
 def response_logits(model, batch: RolloutBatch) -> torch.Tensor:
@@ -89,6 +99,41 @@ def grpo_advantages(batch: RolloutBatch, norm_by_std: bool) -> torch.Tensor:
     return adv
 
 
+COMBINES = ("weighted_mean", "group_normalized")
+
+
+def gdpo_components(reward_cfg) -> tuple[list[str], list[float]] | None:
+    """For reward.combine=group_normalized: the compute_score keys of the weighted components and their weights
+    (verl's algorithm.gdpo_reward_keys / gdpo_reward_weights); None for the weighted mean."""
+    combine = reward_cfg.get("combine", "weighted_mean")
+    if combine not in COMBINES:
+        raise ValueError(f"reward.combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+    if combine == "weighted_mean":
+        return None
+    active = [(f"reward_{name}", float(w)) for name, w in reward_cfg.weights.items() if w > 0]
+    return [k for k, _ in active], [w for _, w in active]
+
+
+def group_normalized_advantages(batch: RolloutBatch, keys: list[str], weights: list[float],
+                                norm_by_std: bool) -> torch.Tensor:
+    """GDPO through verl's own estimator (core_algos.compute_gdpo_outcome_advantage), as main_ppo calls it with
+    adv_estimator=gdpo: each component GRPO-normalised within its group, weighted, summed, whitened."""
+    from verl.trainer.config.algorithm import AlgoConfig
+
+    missing = [k for k in keys if batch.components is None or k not in batch.components
+               or np.isnan(batch.components[k]).any()]
+    if missing:
+        raise ValueError(f"reward.combine=group_normalized: no value for {missing} (does the backend give them?)")
+    token_rewards = torch.zeros_like(batch.response_mask)
+    config = AlgoConfig(adv_estimator="gdpo", norm_adv_by_std_in_grpo=norm_by_std, gdpo_reward_keys=keys,
+                        gdpo_reward_weights=weights)
+    adv, _ = core_algos.compute_gdpo_outcome_advantage(
+        token_rewards, batch.response_mask, batch.group_index, norm_adv_by_std_in_grpo=norm_by_std, config=config,
+        non_tensor_batch=batch.components,
+        batch={"prompts": batch.input_ids[:, :batch.prompt_width], "attention_mask": batch.attention_mask})
+    return adv
+
+
 def actor_config(train_cfg) -> ActorConfig:
     return ActorConfig(strategy="local", rollout_n=train_cfg.n, use_dynamic_bsz=True,
                        clip_ratio_low=train_cfg.clip_ratio_low, clip_ratio_high=train_cfg.clip_ratio_high,
@@ -97,13 +142,26 @@ def actor_config(train_cfg) -> ActorConfig:
                        kl_loss_coef=train_cfg.kl_loss_coef, kl_loss_type=train_cfg.kl_loss_type)
 
 
-def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig, allowed=None):
-    """verl's actor loss: clipped policy gradient (+ KL to the reference when use_kl_loss) (- entropy bonus)."""
+def rollout_is_weights(old_logp: torch.Tensor, batch: RolloutBatch, correction: dict) -> tuple[torch.Tensor, dict]:
+    """verl's token-level truncated IS weights min(pi_old / pi_rollout, threshold) and its rollout_corr/
+    metrics (rollout_corr_helper), for rollouts drawn off the policy (grpo.decoding.rollout_correction)."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    weights, _, metrics = compute_rollout_correction_and_rejection_mask(
+        old_logp, batch.rollout_logp, batch.response_mask, rollout_is=correction["rollout_is"],
+        rollout_is_threshold=correction["rollout_is_threshold"], rollout_rs=correction["rollout_rs"])
+    return weights.batch["rollout_is_weights"], metrics
+
+
+def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig, allowed=None,
+                is_weights: torch.Tensor | None = None):
+    """verl's actor loss: clipped policy gradient (+ KL to the reference when use_kl_loss) (- entropy bonus);
+    `is_weights`: the rollout correction's per-token weights (off-policy decoding)."""
     logp, entropy, leak = log_probs(model, batch, with_entropy=True, allowed=allowed)
     mask = batch.response_mask
     old = logp.detach() if old_logp is None else old_logp
     pg_loss, pg_metrics = core_algos.compute_policy_loss_vanilla(old, logp, advantages, mask, cfg.loss_agg_mode,
-                                                                 config=cfg)
+                                                                 config=cfg, rollout_is_weights=is_weights)
     entropy_mean = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
     loss = pg_loss - cfg.entropy_coeff * entropy_mean
     metrics = {"pg_loss": pg_loss.item(), "entropy": entropy_mean.item(),

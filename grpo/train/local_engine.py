@@ -20,13 +20,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from grpo.decoding import length_bounds, text_token_count
+from grpo.decoding import length_bounds, rollout_correction, text_token_count
 from grpo.train import local_checkpoint as checkpoint
-from grpo.train.grpo_step import actor_config, build_batch, filter_groups, grpo_advantages, log_probs, policy_loss
+from grpo.train.grpo_step import (actor_config, build_batch, filter_groups, gdpo_components, group_normalized_advantages,
+                                  grpo_advantages, log_probs, policy_loss, rollout_is_weights)
 from grpo.train.reward_fn import compute_score, reward_kwargs
 from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
 from grpo.model.speech_vocab import SpeechVocab
-from grpo.train.metrics_log import MetricsLogger, component_means, plot_curves
+from grpo.train.metrics_log import VERL_METRICS, MetricsLogger, component_means, plot_curves
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,12 @@ class LocalGRPOTrainer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg, t = cfg, cfg.train
+        # inference's sampler in training (train.decoding): off-policy, reweighted per token as verl does
+        self.correction = rollout_correction(t.decoding, t.rollout_is_threshold)
+        if self.correction and t.rollout.backend != "vllm":
+            raise ValueError(f"train.decoding={t.decoding} needs train.rollout.backend=vllm (the RAS processor and "
+                             f"vLLM's processed log-probs); got {t.rollout.backend!r}")
+        self.gdpo = gdpo_components(cfg.reward)      # reward.combine=group_normalized: (keys, weights)
         self.out_dir = Path(t.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.base_dir = Path(cfg.model.hf_dir)
@@ -76,11 +83,11 @@ class LocalGRPOTrainer:
             self.step, self.epoch, self.offset = state["step"], state["epoch"], state["offset"]
             log.info("resuming from %s (step %d, epoch %d, offset %d)", resume_dir, self.step, self.epoch, self.offset)
         self.sampling = SamplingConfig(n=t.n, temperature=t.temperature, top_p=t.top_p, top_k=t.top_k,
-                                       max_tokens=t.max_response_tokens)
-        if t.rollout.backend == "vllm":
+                                       max_tokens=t.max_response_tokens, decoding=t.decoding)
+        if t.rollout.backend == "vllm":   # processed log-probs: pi_rollout after the RAS processor / top-k
             self.rollout = VLLMRollout(model_dir, self.vocab, t.rollout.dtype, t.rollout.gpu_memory_utilization,
                                        t.rollout.enforce_eager, t.max_prompt_tokens + t.max_response_tokens, cfg.seed,
-                                       t.rollout.cpu_kv_cache_gib)
+                                       t.rollout.cpu_kv_cache_gib, logprobs_mode="processed_logprobs")
         elif t.rollout.backend == "transformers":
             self.rollout = TransformersRollout(self.model, self.vocab, self.tokenizer.pad_token_id)
         else:
@@ -135,9 +142,13 @@ class LocalGRPOTrainer:
         records = self.next_batch()
         prompts = [r["prompt_ids"] for r in records]
         t0 = time.perf_counter()
-        groups = self.rollout.generate(prompts, self.sampling, [request_seed(self.cfg.seed, step, i)
-                                                               for i in range(len(prompts))],
-                                       [r["length_bounds"] for r in records])
+        seeds = [request_seed(self.cfg.seed, step, i) for i in range(len(prompts))]
+        bounds = [r["length_bounds"] for r in records]
+        if self.correction:
+            groups, group_logps = self.rollout.generate_with_logprobs(prompts, self.sampling, seeds, bounds)
+            rollout_logps = [lp for group in group_logps for lp in group]
+        else:
+            groups, rollout_logps = self.rollout.generate(prompts, self.sampling, seeds, bounds), None
         flat = [(i, resp) for i, group in enumerate(groups) for resp in group]
         t1 = time.perf_counter()
         results = self.loop.run_until_complete(self._score([records[i] for i, _ in flat], [r for _, r in flat]))
@@ -159,7 +170,11 @@ class LocalGRPOTrainer:
         if ok:   # with reward.on_failure=exclude, failed samples are left out of the update
             batch = build_batch([prompts[flat[k][0]] for k in ok], [flat[k][1] for k in ok],
                                 [results[k]["score"] for k in ok], [flat[k][0] for k in ok],
-                                self.tokenizer.pad_token_id)
+                                self.tokenizer.pad_token_id,
+                                None if rollout_logps is None else [rollout_logps[k] for k in ok])
+            if self.gdpo:
+                batch.components = {key: np.array([results[k][key] for k in ok], dtype=np.float32)
+                                    for key in self.gdpo[0]}
             if t.filter_groups:
                 batch, metrics["groups_filtered"] = filter_groups(batch)
         metrics.update(self._update(batch) if batch is not None else {"update_skipped": 1})
@@ -174,13 +189,17 @@ class LocalGRPOTrainer:
 
     def _update(self, batch) -> dict:
         t = self.cfg.train
-        advantages = grpo_advantages(batch, t.norm_adv_by_std_in_grpo)
+        advantages = (group_normalized_advantages(batch, *self.gdpo, t.norm_adv_by_std_in_grpo) if self.gdpo
+                      else grpo_advantages(batch, t.norm_adv_by_std_in_grpo))
         with torch.no_grad():
             ref_logp = self._logp(self.ref, batch) if self.ref is not None else None
             groups = np.unique(batch.group_index)
             mb_groups = t.mini_batch_size or len(groups)
             multi = t.ppo_epochs > 1 or mb_groups < len(groups)
-            old_logp = self._logp(self.model, batch) if multi else None   # on-policy: the ratio is exactly 1
+            # on-policy, one pass: the ratio is exactly 1; off-policy decoding: pi_old anchors (decoupled mode)
+            old_logp = self._logp(self.model, batch) if multi or self.correction else None
+        weights, corr_metrics = (rollout_is_weights(old_logp, batch, self.correction) if self.correction
+                                 else (None, {}))
         agg: dict[str, list] = {}
         for _ in range(t.ppo_epochs):
             for start in range(0, len(groups), mb_groups):
@@ -189,7 +208,7 @@ class LocalGRPOTrainer:
                 loss, m = policy_loss(self.model, mb, advantages[rows],
                                       None if old_logp is None else old_logp[rows],
                                       None if ref_logp is None else ref_logp[rows], self.actor_cfg,
-                                      self.allowed)
+                                      self.allowed, None if weights is None else weights[rows])
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
                 m["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip).item()
@@ -197,7 +216,8 @@ class LocalGRPOTrainer:
                 for k, v in m.items():
                     agg.setdefault(k, []).append(v)
         self.sched.step()
-        return {k: float(np.mean(v)) for k, v in agg.items()}
+        return {**{k: float(np.mean(v)) for k, v in agg.items()},
+                **{VERL_METRICS.get(k, k): v for k, v in corr_metrics.items()}}   # verl's names, as in its runs
 
     def save(self) -> Path:
         state = {"optimizer": self.optim.state_dict(), "scheduler": self.sched.state_dict(),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.decoding import RAS_PROCESSOR, capped
+from grpo.decoding import RAS_PROCESSOR, capped, sampling_kwargs
 from grpo.model.speech_vocab import SpeechVocab
 
 # in-process engine: starts in ~2 s instead of ~15 s, and weights can be synced by reference
@@ -33,6 +33,7 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_tokens: int = 512
+    decoding: str = "plain"        # grpo.decoding preset; plain uses temperature / top_p / top_k above
 
 
 class VLLMRollout:
@@ -58,21 +59,38 @@ class VLLMRollout:
 
         return SamplingParams(stop_token_ids=list(self.vocab.stop_token_ids), detokenize=False, **kwargs)
 
-    def run(self, prompts: list[list[int]], params: list) -> list[list[list[int]]]:
-        """Token ids of every sample of every prompt (one SamplingParams per prompt)."""
+    def run(self, prompts: list[list[int]], params: list, with_logprobs: bool = False):
+        """Token ids of every sample of every prompt (one SamplingParams per prompt); `with_logprobs`: also
+        each sampled token's log-prob under the distribution vLLM sampled from (the engine's logprobs_mode)."""
         from vllm.inputs import TokensPrompt
 
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return [[list(c.token_ids) for c in out.outputs] for out in outputs]
+        groups = [[list(c.token_ids) for c in out.outputs] for out in outputs]
+        if not with_logprobs:
+            return groups
+        return groups, [[[lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs, strict=True)] for c in out.outputs]
+                        for out in outputs]
+
+    def _params(self, sampling: SamplingConfig, seeds: list[int], bounds, n_prompts: int, **extra) -> list:
+        bounds = bounds or [(0, sampling.max_tokens)] * n_prompts
+        params = []
+        for seed, (lo, hi) in zip(seeds, bounds, strict=True):
+            length = capped(lo, hi, sampling.max_tokens)
+            kwargs = sampling_kwargs(sampling.decoding, length["min_tokens"], length["max_tokens"],
+                                     sampling.temperature, sampling.top_p, sampling.top_k)
+            params.append(self.speech_params(n=sampling.n, seed=seed, **kwargs, **extra))
+        return params
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
                  bounds: list[tuple[int, int]] | None = None) -> list[list[list[int]]]:
         """`n` samples per prompt; `bounds`: per prompt (min, max) tokens, max capped at sampling.max_tokens."""
-        bounds = bounds or [(0, sampling.max_tokens)] * len(prompts)
-        return self.run(prompts, [self.speech_params(n=sampling.n, temperature=sampling.temperature,
-                                                     top_p=sampling.top_p, top_k=sampling.top_k, seed=seed,
-                                                     **capped(lo, hi, sampling.max_tokens))
-                                  for seed, (lo, hi) in zip(seeds, bounds, strict=True)])
+        return self.run(prompts, self._params(sampling, seeds, bounds, len(prompts)))
+
+    def generate_with_logprobs(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int],
+                               bounds: list[tuple[int, int]] | None = None):
+        """`generate`, plus the rollout policy's log-prob of every sampled token (pi_rollout of the IS weight;
+        the engine must run with logprobs_mode="processed_logprobs" so that RAS / top-k are in it)."""
+        return self.run(prompts, self._params(sampling, seeds, bounds, len(prompts), logprobs=0), with_logprobs=True)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load the policy's current weights into the engine (in-process, by reference)."""
@@ -97,6 +115,9 @@ class TransformersRollout:
         was_training = self.model.training
         self.model.eval()
         stops = set(self.vocab.stop_token_ids)
+        if sampling.decoding != "plain":
+            raise ValueError(f"decoding {sampling.decoding!r} needs vLLM (its RAS logits processor and processed "
+                             "log-probs): set train.rollout.backend=vllm or train.decoding=plain")
         results = []
         bounds = bounds or [(0, sampling.max_tokens)] * len(prompts)
         for prompt, seed, (lo, hi) in zip(prompts, seeds, bounds, strict=True):

@@ -9,8 +9,8 @@ in the package, so every node has it) and selected with
 `actor_rollout_ref.rollout.agent.default_agent_loop=speech_token_agent`. It also tags each output with its
 training step, which reaches the reward function (see `run`).
 
-Each request gets its item's CosyVoice length bounds from its text (grpo.decoding), and validation items
-(split "val") the evaluation's decoding: both from the `grpo_decoding` node the launcher adds to main_ppo's
+Each request gets its item's CosyVoice length bounds from its text (grpo.decoding), training items
+`train.decoding` and validation items (split "val") the evaluation's decoding: all from the `grpo_decoding` node the launcher adds to main_ppo's
 config, so every node has them without a file.
 """
 
@@ -50,10 +50,10 @@ def bounded_sampling_params(sampling_params: dict[str, Any], decoding, text_toke
     min_len, max_len = length_bounds(text_tokens, spec.min_token_text_ratio, spec.max_token_text_ratio)
     capped_len = capped(min_len, max_len, response_length)
     params = dict(sampling_params)
-    if validate:
+    if validate or spec.get("preset", "plain") != "plain":
         params.update(sampling_kwargs(spec.preset, capped_len["min_tokens"], capped_len["max_tokens"],
                                       spec.temperature, spec.top_p, spec.top_k))
-    else:
+    else:   # plain training: verl's own temperature / top_p / top_k (rollout config), the item's bounds
         params.update(capped_len)
     return params
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo.decoding import RAS_PROCESSOR
+from grpo.decoding import RAS_PROCESSOR, rollout_correction
+from grpo.train.grpo_step import gdpo_components
 from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
 from grpo.config import REPO_ROOT
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
@@ -222,6 +223,14 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         "trainer.nnodes": v.nnodes,
         "trainer.n_gpus_per_node": gpus_per_node(v, cpu),
     }
+    gdpo = gdpo_components(cfg.reward)
+    if gdpo:   # reward.combine=group_normalized: verl's GDPO estimator on compute_score's component keys
+        o["algorithm.adv_estimator"] = "gdpo"
+    correction = rollout_correction(t.decoding, t.rollout_is_threshold)
+    if correction:   # inference's sampler in training: reweight each token by pi_old / pi_rollout (grpo.decoding)
+        o.update({f"algorithm.rollout_correction.{k}": val for k, val in correction.items()})
+        o["actor_rollout_ref.rollout.calculate_log_probs"] = True             # pi_rollout, per token, from vLLM
+        o["actor_rollout_ref.rollout.logprobs_mode"] = "processed_logprobs"   # after the RAS processor / top-k
     if cpu:
         o.update(CPU_OVERRIDES)
         bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
@@ -234,6 +243,8 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     # agent loop applies per item (grpo/train/verl_agent_loop.py): carried in main_ppo's config to every node
     overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value([RAS_PROCESSOR])}")
     overrides.append(f"+grpo_decoding={_value(decoding_node(cfg))}")
+    if gdpo:   # AlgoConfig fields that verl's yaml does not list: added with '+'
+        overrides += [f"+algorithm.gdpo_reward_keys={_value(gdpo[0])}", f"+algorithm.gdpo_reward_weights={_value(gdpo[1])}"]
     # reward_kwargs is not in verl's schema: add it with '+'
     overrides += [f"+reward.custom_reward_function.reward_kwargs.{k}={_value(val)}"
                   for k, val in reward_kwargs(cfg).items()]
@@ -241,10 +252,12 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
 
 
 def decoding_node(cfg: DictConfig) -> dict:
-    """What the agent loop needs to bound and decode each item: training's length ratios, and the evaluation's
-    decoding for verl's validation (its own val_kwargs are greedy, which loops CosyVoice2)."""
+    """What the agent loop needs to bound and decode each item: training's decoding and length ratios, and the
+    evaluation's decoding for verl's validation (its own val_kwargs are greedy, which loops CosyVoice2)."""
     t, e = cfg.train, cfg.eval
-    return {"train": {"min_token_text_ratio": t.min_token_text_ratio, "max_token_text_ratio": t.max_token_text_ratio},
+    return {"train": {"preset": t.decoding, "min_token_text_ratio": t.min_token_text_ratio,
+                      "max_token_text_ratio": t.max_token_text_ratio, "temperature": t.temperature,
+                      "top_p": t.top_p, "top_k": t.top_k},
             "validation": {"preset": e.decoding, "min_token_text_ratio": e.min_token_text_ratio,
                            "max_token_text_ratio": e.max_token_text_ratio, "temperature": e.temperature,
                            "top_p": e.top_p, "top_k": e.top_k}}
