@@ -96,6 +96,34 @@ def test_every_released_file_is_built_at_the_released_size(realsize_cfg):
     assert hf["text_vocab_size"] == 151643 + 3 + 17 and hf["vocab_size"] == 158336
 
 
+@pytest.mark.slow
+@pytest.mark.realsize
+def test_the_chinese_judge_is_built_at_seaco_paraformers_released_shapes(realsize_cfg):
+    """Parameter shapes of the released SeACo-Paraformer-large state dict (a public dump of its model.pt, module
+    by module): 50 SANM encoder blocks, 16 + 1 decoder blocks, the 6 + 1 block SeACo decoder with kernel 21, the
+    2-layer LSTM bias encoder, CifPredictorV3's upsampling CNN and BLSTM, 8404 output tokens."""
+    state = torch.load(Path(realsize_cfg.model.paraformer_dir) / "model.pt", map_location="cpu", weights_only=True)
+    released = {
+        "encoder.encoders0.0.self_attn.linear_q_k_v.weight": (1536, 560),
+        "encoder.encoders.48.feed_forward.w_1.weight": (2048, 512),
+        "decoder.decoders.15.self_attn.fsmn_block.weight": (512, 1, 11),
+        "decoder.decoders3.0.feed_forward.w_1.weight": (2048, 512),
+        "decoder.output_layer.weight": (8404, 512),
+        "seaco_decoder.decoders.5.self_attn.fsmn_block.weight": (512, 1, 21),
+        "seaco_decoder.decoders.5.feed_forward.w_1.weight": (1024, 512),
+        "seaco_decoder.decoders3.0.feed_forward.w_1.weight": (1024, 512),
+        "bias_encoder.weight_ih_l1": (2048, 512),
+        "hotword_output_layer.weight": (8404, 512),
+        "predictor.upsample_cnn.weight": (512, 512, 3),
+        "predictor.blstm.weight_ih_l0_reverse": (2048, 512),
+        "predictor.cif_output2.weight": (1, 1024),
+    }
+    assert {k: tuple(state[k].shape) for k in released if k in state} == released
+    assert "encoder.encoders.49.feed_forward.w_1.weight" not in state          # 1 + 49 blocks
+    assert "seaco_decoder.decoders.6.self_attn.fsmn_block.weight" not in state
+    assert "seaco_decoder.embed.0.weight" not in state and "seaco_decoder.output_layer.weight" not in state
+
+
 MIXED_TEXTS = ["今天天气很好。", "CosyVoice 2.0 在 2024 年发布, price: $3.50!", "我们一起去公园散步吧, okay?",
                "His name is Mr. O'Neil", "一二线城市虽然也处于调整中"]
 

@@ -1,5 +1,5 @@
 """Random-weight builds, in the real file layouts, of the evaluation ASR models Seed-TTS-eval uses:
-Paraformer-zh (funasr: config.yaml, model.pt, tokens.json, am.mvn) and Whisper-large-v3 (transformers:
+Paraformer-zh (SeACo-Paraformer, funasr: config.yaml, model.pt, tokens.json, am.mvn, seg_dict) and Whisper-large-v3 (transformers:
 config.json, generation_config.json, model.safetensors, tokenizer and preprocessor files). The tiny profile
 and the tests load them through the same code as the downloaded models."""
 
@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 PARAFORMER_YAML = """\
 # Tiny Paraformer-zh config written by cosyvoice-grpo (random weights; the layout of
-# iic/speech_paraformer-large_asr_nat-zh-cn-16k-common-vocab8404-pytorch).
+# iic/speech_seaco_paraformer_large_asr_nat-zh-cn-16k-common-vocab8404-pytorch, the SeACo-Paraformer that
+# funasr's name map resolves Seed-TTS-eval's "paraformer-zh" to).
 encoder: SANMEncoder
 encoder_conf:
     output_size: {output_size}
@@ -39,15 +40,35 @@ decoder_conf:
     kernel_size: 11
     sanm_shfit: 0
 
-predictor: CifPredictorV2
+seaco_decoder: ParaformerSANMDecoder
+seaco_decoder_conf:
+    attention_heads: {heads}
+    linear_units: {seaco_linear_units}
+    num_blocks: {seaco_blocks}
+    dropout_rate: 0.1
+    positional_dropout_rate: 0.1
+    self_attention_dropout_rate: 0.1
+    src_attention_dropout_rate: 0.1
+    att_layer_num: {seaco_blocks}
+    kernel_size: 21
+    sanm_shfit: 0
+    use_output_layer: false
+    wo_input_layer: true
+
+predictor: CifPredictorV3
 predictor_conf:
     idim: {output_size}
     threshold: 1.0
     l_order: 1
     r_order: 1
     tail_threshold: 0.45
+    smooth_factor2: 0.25
+    noise_threshold2: 0.01
+    upsample_times: 3
+    use_cif1_cnn: false
+    upsample_type: cnn_blstm
 
-model: Paraformer
+model: SeacoParaformer
 model_conf:
     ctc_weight: 0.0
     lsm_weight: 0.1
@@ -55,6 +76,13 @@ model_conf:
     predictor_weight: 1.0
     predictor_bias: 1
     sampling_ratio: 0.75
+    inner_dim: {output_size}
+    bias_encoder_type: lstm
+    bias_encoder_bid: false
+    seaco_lsm_weight: 0.1
+    seaco_length_normalized_loss: true
+    train_decoder: true
+    NO_BIAS: {no_bias}
 
 """ + WAV_FRONTEND + """
 tokenizer: CharTokenizer
@@ -71,7 +99,9 @@ def char_inventory(texts: list[str]) -> list[str]:
 
 
 def build_paraformer_dir(out_dir: Path, sizes: DictConfig, texts: list[str], seed: int) -> None:
-    from funasr.models.paraformer.model import Paraformer
+    """SeACo-Paraformer's released files: config.yaml (model: SeacoParaformer), model.pt, tokens.json, am.mvn and
+    seg_dict (the hotword segmentation table, one "word token..." line per entry; here each character)."""
+    from funasr.models.seaco_paraformer.model import SeacoParaformer
     from omegaconf import OmegaConf
 
     from grpo.model.tiny import filler_symbols, write_funasr_config
@@ -81,15 +111,16 @@ def build_paraformer_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     if sizes.get("vocab_size"):               # the released inventory size (8404): padded with filler symbols
         tokens = tokens[:-1] + filler_symbols(sizes.vocab_size - len(tokens), set(tokens)) + tokens[-1:]
     (out_dir / "tokens.json").write_text(json.dumps(tokens, ensure_ascii=False), encoding="utf-8")
-    conf = write_funasr_config(out_dir, PARAFORMER_YAML, sizes, seed)
-    model = Paraformer(encoder=conf.encoder, encoder_conf=OmegaConf.to_container(conf.encoder_conf),
-                       decoder=conf.decoder, decoder_conf=OmegaConf.to_container(conf.decoder_conf),
-                       predictor=conf.predictor, predictor_conf=OmegaConf.to_container(conf.predictor_conf),
-                       input_size=80 * 7, vocab_size=len(tokens), **OmegaConf.to_container(conf.model_conf))
+    (out_dir / "seg_dict").write_text("".join(f"{t} {t}\n" for t in tokens[3:-1]), encoding="utf-8")
+    # NO_BIAS: the id SeACo's hotword branch uses for "no hotword" (8377 in the released 8404-token list)
+    no_bias = sizes.get("no_bias") or len(tokens) - 1
+    conf = write_funasr_config(out_dir, PARAFORMER_YAML, {**sizes, "no_bias": no_bias}, seed)
+    kwargs = OmegaConf.to_container(conf)
+    model = SeacoParaformer(**kwargs, **kwargs["model_conf"], input_size=80 * 7, vocab_size=len(tokens))
     with torch.no_grad():     # random CIF weights rarely fire; a positive bias makes tokens come out
         model.predictor.cif_output.bias.fill_(2.0)
     torch.save(model.state_dict(), out_dir / "model.pt")
-    log.info("Paraformer dir written: %s (%d tokens)", out_dir, len(tokens))
+    log.info("SeACo-Paraformer dir written: %s (%d tokens)", out_dir, len(tokens))
 
 
 def whisper_special_tokens() -> list[str]:
