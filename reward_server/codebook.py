@@ -77,6 +77,18 @@ class Codebook:
                 "token_to_unit": self.token_to_unit}
         Path(path).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
+    def misheard(self, fraction: float, seed: int) -> "Codebook":
+        """A second synthetic judge: a seeded `fraction` of the spoken tokens heard as another unit (a held-out
+        ASR with other quirks than the reward's, so that the evaluation's hacking gap has something to see)."""
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"eval.synthetic_alt.fraction must be in [0, 1], got {fraction}")
+        rng = random.Random(seed)
+        spoken = [t for t, u in enumerate(self.token_to_unit) if u != SILENCE]
+        heard = list(self.token_to_unit)
+        for t in rng.sample(spoken, round(fraction * len(spoken))) if len(self.units) > 1 else []:
+            heard[t] = rng.choice([u for u in range(len(self.units)) if u != heard[t]])
+        return Codebook(units=self.units, token_to_unit=heard, seed=seed)
+
     @classmethod
     def load(cls, path: str | Path) -> "Codebook":
         path = Path(path)

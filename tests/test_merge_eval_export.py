@@ -14,7 +14,7 @@ from grpo.model import export
 from grpo.train import merge
 from grpo.evaluate.cer import corpus_error_rate, mean_error_rate, utterance_error_rate
 from grpo.evaluate import report as eval_report
-from grpo.evaluate.report import read_tsv
+from grpo.evaluate.report import TSV_HEADER, read_tsv
 
 
 def test_seedtts_protocol_hand_checked():
@@ -136,11 +136,17 @@ def test_evaluate_base_and_merged_reports(tiny_cfg, trained, merged, tmp_path, m
     cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
     report = json.loads((out / "report.json").read_text())
     assert list(report) == ["base", "step_3"] and len(handed) == 2
+    k = cfg.eval.num_samples                                      # the tiny profile: 3 decodes per item
+    assert k == 3 and report["base"]["samples"] == 3
+    # distinct seeds per (item, sample), the same ones for both checkpoints (paired comparison)
+    seeds = [[p.seed for p in params] for params in handed]
+    assert len(set(seeds[0])) == 6 * k and seeds[0] == seeds[1]
     transcripts = {}
     for (name, r), params in zip(report.items(), handed):
-        assert r["count"] + r["failures"] == 6
+        assert r["count"] + r["failures"] == 6 * k
         rows = read_tsv(out / f"{name}.tsv")
-        assert list(rows[0]) == ["id", "reference", "transcript", "error_rate", "tokens"] and len(rows) == 6
+        assert list(rows[0]) == [*TSV_HEADER, "transcript@synthetic_alt", "error_rate@synthetic_alt"]
+        assert len(rows) == 6 * k and [int(x["sample"]) for x in rows] == [j for j in range(k) for _ in range(6)]
         for row, p in zip(rows, params):
             n = len(cosy.encode(row["reference"]))
             assert (p.min_tokens, p.max_tokens) == (int(1.5 * n), 4 * n), row["reference"]
@@ -151,15 +157,20 @@ def test_evaluate_base_and_merged_reports(tiny_cfg, trained, merged, tmp_path, m
             if all("\u4e00" <= ch <= "\u9fff" or ch in "，。！？、" for ch in ref):   # no digits or Latin to normalise
                 by_hand.append(pinyin_error_rate_by_hand(ref, row["transcript"]))
                 assert float(row["error_rate"]) == pytest.approx(by_hand[-1], abs=1e-6), row
-        assert len(by_hand) >= 4
-        assert r["cer"] == pytest.approx(sum(float(x["error_rate"]) for x in rows) / 6)
-        assert r["cer"] > 0
-        assert len(list((out / name).glob("*.wav"))) == r["count"]
+        assert len(by_hand) >= 4 * k
+        # the figure: mean over the 6 items of each item's mean over its samples
+        per_item = {}
+        for x in rows:
+            per_item.setdefault(x["id"], []).append(float(x["error_rate"]))
+        assert r["cer"] == pytest.approx(sum(sum(v) / len(v) for v in per_item.values()) / 6)
+        assert r["cer"] > 0 and r["cer_ci"][0] <= r["cer"] <= r["cer_ci"][1]
+        assert sorted(p.name for p in (out / name).glob("*.wav")) == sorted(Path(x["wav"]).name for x in rows)
         transcripts[name] = [row["transcript"] for row in rows]
+        assert any(len({x["transcript"] for x in rows if x["id"] == i}) > 1 for i in per_item)   # samples differ
     # step_3 (every weight +0.01) is evaluated with its own weights: its samples differ from the base model's
     assert transcripts["base"] != transcripts["step_3"]
     md = (out / "report.md").read_text()
-    assert f"| base | {report['base']['cer']:.4f} |" in md and f"| step_3 | {report['step_3']['cer']:.4f} |" in md
+    assert f"| base | {report['base']['cer']:.4f} [" in md and f"| step_3 | {report['step_3']['cer']:.4f} [" in md
     assert f"{report['step_3']['cer'] - report['base']['cer']:+.4f}" in md and "Δ vs base" in md
     assert (out / "report.png").stat().st_size > 1000
 
@@ -315,7 +326,8 @@ def test_evaluate_reports_speaker_similarity_with_prompt_wavs(tiny_cfg, speaker_
     (tmp_path / "set.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     out = tmp_path / "eval"
     assert evaluate.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
-                                 "eval.checkpoints=[base]", f"eval.speaker_model={speaker_onnx}")) == 0
+                                 "eval.checkpoints=[base]", f"eval.speaker_model={speaker_onnx}",
+                                 "eval.num_samples=1")) == 0
     report = json.loads((out / "report.json").read_text())["base"]
     assert report["sim_count"] == report["count"] == 3
     # the mean of each generated wav's similarity to its own prompt, recomputed from the written wavs
@@ -363,7 +375,7 @@ def test_evaluation_asr_follows_seed_tts_eval(tiny_cfg, tmp_path, asr):
     out = tmp_path / "eval"
     assert evaluate.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
                                  "eval.checkpoints=[base]", f"eval.asr={asr}")) == 0
-    rows = {row["id"]: row for row in read_tsv(out / "base.tsv")}
+    rows = {row["id"]: row for row in read_tsv(out / "base.tsv") if row["sample"] == "0"}   # {id}.wav
     assert set(rows) == {it["id"] for it in items}
     for it in items:
         wav, sr = sf.read(out / "base" / f"{it['id']}.wav", dtype="float32")

@@ -26,7 +26,7 @@ ALLOWED_DIFFERENCES = {
     "reward.prompt_speakers.clips": "where the prompt clips come from (written by stage -1)",
     "eval.set": "the realsize zero-shot set is a Seed-TTS-eval meta.lst written by stage -1",
     "eval.data_path": "where that set is",
-    "eval.batch_size": "the run's size",
+    "eval.batch_size": "the run's size", "eval.num_samples": "the run's size",
     "reward.gpus_per_replica": "CPU platform",
     "reward.client.timeout_s": "CPU platform: a real-size reward request takes minutes on 2 cores",
     "reward.client.retry_budget_s": "CPU platform: as the timeout",

@@ -73,7 +73,8 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     assert config["eos_token_id"] == base["eos_token_id"]        # the end-of-speech id, not <|endoftext|>
     assert evaluator.run(cfg) == 0
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
-    assert list(report) == ["base", "step_2"] and report["step_2"]["count"] == 4
+    assert list(report) == ["base", "step_2"] and report["step_2"]["items"] == 4
+    assert report["step_2"]["count"] == 4 * cfg.eval.num_samples
     assert export.run(cfg) == 0 and (tmp_path / "export" / "step_2" / "llm.pt").exists()
 
 

@@ -10,7 +10,7 @@ and the Seed-TTS-eval protocol scores (grpo.evaluate.cer). Reports go to `eval.o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,6 +36,10 @@ class Scored:
     error_rate: float | None     # None: failed (no speech, synthesis or ASR error), excluded from the mean
     tokens: int
     sim: float | None = None     # speaker similarity to the prompt (eval.speaker_model and a prompt_wav)
+    sample: int = 0              # which of the item's eval.num_samples decodes
+    language: str = "zh"
+    wav: str = ""                # relative to eval.out_dir
+    judges: dict = field(default_factory=dict)   # extra judge -> (transcript, error_rate)
 
 
 def prompt_features(items: list[ZeroShotItem], cfg: DictConfig) -> dict[str, dict]:
@@ -102,11 +106,16 @@ class Evaluator:
                                   cfg.train.rollout.enforce_eager, max_len, cfg.seed,
                                   cfg.train.rollout.cpu_kv_cache_gib)
         self.token2wav = None
-        if self.e.write_wavs or self.e.asr != "synthetic" or self.e.speaker_model:
+        audio_judges = [j for j in [self.e.asr, *extra_judges(self.e)] if j not in ("synthetic", "synthetic_alt")]
+        if self.e.write_wavs or audio_judges or self.e.speaker_model:
             from reward_server.token2wav import Token2Wav
 
             self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, "cuda" if torch.cuda.is_available() else "cpu")
-        self.asr = self._asr()
+        if self.e.num_samples < 1:
+            raise ValueError(f"eval.num_samples must be at least 1, got {self.e.num_samples}")
+        self.extra = extra_judges(self.e)
+        self.judges = {n: self._judge(n) for n in [self.e.asr, *self.extra]}
+        self.asr = self.judges[self.e.asr]
         self.sim = None
         if self.e.speaker_model:
             from grpo.evaluate.speaker_similarity import SpeakerSimilarity
@@ -118,78 +127,112 @@ class Evaluator:
                 log.warning("eval.speaker_model is set but no item has a prompt_wav: no speaker similarity")
 
     def _asr(self):
-        if self.e.asr == "synthetic":
+        return self._judge(self.e.asr)
+
+    def _judge(self, name: str):
+        """An ASR by name: a transcribe(wavs, languages) model, or a Codebook (synthetic judges read tokens)."""
+        if name in ("synthetic", "synthetic_alt"):
             from reward_server.codebook import Codebook
 
-            return Codebook.load(self.cfg.reward.codebook.path)
+            book = Codebook.load(self.cfg.reward.codebook.path)
+            return book if name == "synthetic" else book.misheard(self.e.synthetic_alt.fraction,
+                                                                   self.e.synthetic_alt.seed)
         from reward_server.asr import ByLanguage, build_asr
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         m = self.cfg.model
         dirs = {"sensevoice": m.sensevoice_dir, "paraformer": m.paraformer_dir, "whisper": m.whisper_dir}
-        if self.e.asr == "seedtts":        # Seed-TTS-eval: Paraformer-zh for Chinese, Whisper-large-v3 for English
+        if name == "seedtts":        # Seed-TTS-eval: Paraformer-zh for Chinese, Whisper-large-v3 for English
             return ByLanguage({"zh": lambda: build_asr("paraformer", dirs["paraformer"], device),
                                "en": lambda: build_asr("whisper", dirs["whisper"], device)})
-        if self.e.asr not in dirs:
-            raise ValueError(f"eval.asr must be seedtts, {', '.join(dirs)} or synthetic, got {self.e.asr!r}")
-        return build_asr(self.e.asr, dirs[self.e.asr], device)
+        if name not in dirs:
+            raise ValueError(f"eval.asr / eval.judges: expected seedtts, {', '.join(dirs)}, synthetic or "
+                             f"synthetic_alt, got {name!r}")
+        return build_asr(name, dirs[name], device)
 
-    def generate(self, model_dir: Path) -> list[list[int]]:
-        """One sample per item under `eval.decoding`, within the item's CosyVoice length bounds."""
+    def generate(self, model_dir: Path) -> list[list[list[int]]]:
+        """eval.num_samples samples per item under `eval.decoding`, within the item's CosyVoice length bounds;
+        sample j of item i has seed request_seed(eval.seed, j, i), the same for every checkpoint."""
         self.engine.load_weights_from(model_dir)
-        params = [self.engine.speech_params(n=1, seed=request_seed(self.e.seed, 0, i), **sampling_kwargs(
+        params = [[self.engine.speech_params(n=1, seed=request_seed(self.e.seed, j, i), **sampling_kwargs(
             self.e.decoding, x["min_tokens"], x["max_tokens"], self.e.temperature, self.e.top_p, self.e.top_k))
-            for i, x in enumerate(self.inputs)]
-        return [self.vocab.to_speech_tokens(group[0]) for group in self.engine.run(self.prompts, params)]
+            for i, x in enumerate(self.inputs)] for j in range(self.e.num_samples)]
+        flat = self.engine.run(self.prompts * self.e.num_samples, [q for row in params for q in row])
+        n = len(self.inputs)
+        return [[self.vocab.to_speech_tokens(flat[j * n + i][0]) for j in range(self.e.num_samples)]
+                for i in range(n)]
+
+    def _read(self, judge, name: str, keys, tokens, wavs, by_id) -> dict:
+        """(transcript, rate) per (item id, sample) for one judge: token judges read the tokens, ASRs the audio."""
+        from reward_server.scoring import text_to_units, units_error_rate
+        from reward_server.token2wav import resample
+
+        out = {}
+        if name in ("synthetic", "synthetic_alt"):
+            for key in keys:
+                units = judge.transcribe(tokens[key])
+                out[key] = (" ".join(units), units_error_rate(text_to_units(by_id[key[0]].text,
+                                                                            by_id[key[0]].language), units))
+            return out
+        keys = [k for k in keys if k in wavs]
+        try:
+            texts = judge.transcribe([resample(wavs[k], self.token2wav.sample_rate, 16000) for k in keys],
+                                     [by_id[k[0]].language for k in keys]) if keys else []
+        except Exception as exc:
+            log.warning("ASR %s failed for a batch of %d: %s", name, len(keys), exc)
+            texts = [None] * len(keys)
+        for k, hyp in zip(keys, texts):
+            it = by_id[k[0]]
+            out[k] = ("", None) if hyp is None else (hyp, cer.utterance_error_rate(it.text, hyp, it.language))
+        return out
 
     def evaluate(self, name: str, model_dir: Path) -> list[Scored]:
         import soundfile as sf
 
-        from reward_server.scoring import text_to_units, units_error_rate
         from reward_server.token2wav import resample, stable_hash
 
         speech = self.generate(model_dir)
         wav_dir = Path(self.e.out_dir) / name
         wav_dir.mkdir(parents=True, exist_ok=True)
-        n_tokens = {it.id: len(tokens) for it, tokens in zip(self.items, speech)}
         by_id = {it.id: it for it in self.items}
-        wavs, results = {}, {}
-        for it, tokens in tqdm(list(zip(self.items, speech)), desc=f"token2wav {name}", mininterval=5):
-            if not tokens:
-                results[it.id] = Scored(it.id, it.text, "", None, 0)
+        tokens = {(it.id, j): toks for it, group in zip(self.items, speech) for j, toks in enumerate(group)}
+        wavs, paths, failed = {}, {}, set()
+        for (i, j), toks in tqdm(list(tokens.items()), desc=f"token2wav {name}", mininterval=5):
+            if not toks:
+                failed.add((i, j))
                 continue
             if self.token2wav is not None:
                 try:
-                    wav = self.token2wav(tokens, self.feats[it.id], seed=stable_hash(it.id) % (2**31))
+                    wavs[i, j] = self.token2wav(toks, self.feats[i], seed=(stable_hash(i) + j) % (2**31))
                 except Exception as exc:   # counted as a failure, never scored as perfect or zero
-                    log.warning("token2wav failed for %s: %s", it.id, exc)
-                    results[it.id] = Scored(it.id, it.text, "", None, len(tokens))
+                    log.warning("token2wav failed for %s (sample %d): %s", i, j, exc)
+                    failed.add((i, j))
                     continue
                 if self.e.write_wavs:
-                    sf.write(wav_dir / f"{it.id}.wav", wav, self.token2wav.sample_rate)
-                wavs[it.id] = wav
-            if self.e.asr == "synthetic":
-                units = self.asr.transcribe(tokens)
-                rate = units_error_rate(text_to_units(it.text, it.language), units)
-                results[it.id] = Scored(it.id, it.text, " ".join(units), rate, len(tokens))
-        if self.e.asr != "synthetic" and wavs:
-            ids = list(wavs)
-            try:
-                texts = self.asr.transcribe([resample(wavs[i], self.token2wav.sample_rate, 16000) for i in ids],
-                                            [by_id[i].language for i in ids])
-            except Exception as exc:
-                log.warning("ASR failed for a batch of %d: %s", len(ids), exc)
-                texts = [None] * len(ids)
-            for i, hyp in zip(ids, texts):
-                it = by_id[i]
-                rate = None if hyp is None else cer.utterance_error_rate(it.text, hyp, it.language)
-                results[i] = Scored(i, it.text, hyp or "", rate, n_tokens[i])
-        if self.sim is not None:
-            for i, wav in wavs.items():
-                if i in self.prompt_wavs and results[i].error_rate is not None:
-                    results[i].sim = self.sim.similarity(resample(wav, self.token2wav.sample_rate, 16000),
-                                                         self.prompt_wavs[i])
-        return [results[it.id] for it in self.items]
+                    rel = f"{name}/{i}.wav" if j == 0 else f"{name}/{i}_s{j}.wav"
+                    sf.write(Path(self.e.out_dir) / rel, wavs[i, j], self.token2wav.sample_rate)
+                    paths[i, j] = rel
+        keys = [k for k in tokens if k not in failed]
+        read = {n: self._read(judge, n, keys, tokens, wavs, by_id) for n, judge in self.judges.items()}
+        primary = read[self.e.asr]
+        results = []
+        for j in range(self.e.num_samples):
+            for it in self.items:
+                k = (it.id, j)
+                hyp, rate = primary.get(k, ("", None))
+                s = Scored(it.id, it.text, hyp, rate, len(tokens[k]), sample=j, language=it.language,
+                           wav=paths.get(k, ""),
+                           judges={n: read[n].get(k, ("", None)) for n in self.extra})
+                if self.sim is not None and k in wavs and it.id in self.prompt_wavs and rate is not None:
+                    s.sim = self.sim.similarity(resample(wavs[k], self.token2wav.sample_rate, 16000),
+                                                self.prompt_wavs[it.id])
+                results.append(s)
+        return results
+
+
+def extra_judges(e) -> list[str]:
+    """The judges scored beside eval.asr: eval.judges, and the reward's own ASR (eval.reward_judge) if not listed."""
+    return [j for j in dict.fromkeys([*e.judges, e.reward_judge]) if j and j != e.asr]
 
 
 def write_inputs(path: Path, inputs: list[dict]) -> None:
@@ -200,6 +243,17 @@ def write_inputs(path: Path, inputs: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for x in inputs:
             f.write(json.dumps(x, ensure_ascii=False) + "\n")
+
+
+def copy_prompts(out_dir: Path, items) -> None:
+    """Each item's prompt audio beside the report (report.html plays it by a relative path)."""
+    import shutil
+
+    for it in items:
+        if it.prompt_wav and Path(it.prompt_wav).exists():
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if Path(it.prompt_wav).suffix == ".wav":
+                shutil.copyfile(it.prompt_wav, out_dir / f"{it.id}.wav")
 
 
 def run(cfg: DictConfig) -> int:
@@ -213,12 +267,12 @@ def run(cfg: DictConfig) -> int:
     log.info("evaluating %d checkpoint(s) on %d items: %s", len(checkpoints), len(items), ", ".join(checkpoints))
     evaluator = Evaluator(cfg, items)
     write_inputs(Path(e.out_dir) / "inputs.jsonl", evaluator.inputs)
-    unit = "pinyin syllable (synthetic codebook)" if e.asr == "synthetic" else "Seed-TTS-eval CER/WER"
-    summary = {}
+    copy_prompts(Path(e.out_dir) / "prompts", items)
+    unit = report.unit_of(e)
+    extra = extra_judges(e)
     for name, path in checkpoints.items():
         scored = evaluator.evaluate(name, path)
-        summary[name] = report.write_checkpoint(Path(e.out_dir), name, scored, unit)
-        log.info("%s: CER %.4f over %d items (%d failures)", name, summary[name]["cer"], summary[name]["count"],
-                 summary[name]["failures"])
-    report.write_summary(Path(e.out_dir), summary)
+        r = report.write_checkpoint(Path(e.out_dir), name, scored, unit, extra)
+        log.info("%s: CER %.4f over %d samples (%d failures)", name, r["cer"], r["count"], r["failures"])
+    report.render(Path(e.out_dir), list(checkpoints), e)
     return 0

@@ -1,8 +1,14 @@
-"""Evaluation reports under eval.out_dir: <checkpoint>.tsv per checkpoint, report.json, report.md, report.png.
+"""Evaluation reports under eval.out_dir: <checkpoint>.tsv per checkpoint, report.json, report.md, report.png,
+report.html.
 
-report.json maps each checkpoint name (the base model is `base`) to {"cer", "count", "failures", ...}:
-`cer` is the mean of per-utterance rates over the `count` scored items; `failures` (no speech
-generated, synthesis or ASR errors) are listed in the TSV and excluded from the mean.
+Each TSV row is one sample of one item (eval.num_samples per item, distinct seeds, the same seeds for every
+checkpoint) with every judge's transcript and error rate. The summary is computed from the TSVs alone
+(`python -m grpo.evaluate.report render` redoes it without decoding): per checkpoint and judge, `cer` is the
+mean over items of each item's mean rate over its scored samples, with a 95 % bootstrap interval over items
+(grpo.evaluate.stats); against `base` a paired bootstrap gives the difference, its interval and a p-value;
+the hacking gap for each held-out judge J is (base - checkpoint under the reward's judge) - (base - checkpoint
+under J): how much of the improvement only the reward's own ASR sees. `failures` (no speech, synthesis or
+ASR errors) are listed in the TSV and excluded.
 """
 
 from __future__ import annotations
@@ -10,22 +16,31 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
+from grpo.evaluate import stats
 from grpo.evaluate.cer import mean_error_rate
 
-TSV_HEADER = ["id", "reference", "transcript", "error_rate", "tokens"]   # tokens: speech tokens generated
+# tokens: speech tokens generated; wav: the audio's path relative to eval.out_dir ("" when none was written)
+TSV_HEADER = ["id", "sample", "language", "reference", "transcript", "error_rate", "tokens", "sim", "wav"]
 
 
-def write_checkpoint(out_dir: Path, name: str, scored, unit: str) -> dict:
+def _rate(x) -> str:
+    return "" if x is None else f"{x:.6f}"
+
+
+def write_checkpoint(out_dir: Path, name: str, scored, unit: str, judges: list[str] = ()) -> dict:
+    """<name>.tsv (one row per sample, a transcript and rate column per extra judge); returns the plain summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / f"{name}.tsv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
-        w.writerow(TSV_HEADER)
+        w.writerow(TSV_HEADER + [c for j in judges for c in (f"transcript@{j}", f"error_rate@{j}")])
         for s in scored:
-            w.writerow([s.id, s.reference, s.transcript, "" if s.error_rate is None else f"{s.error_rate:.6f}",
-                        s.tokens])
+            extra = [c for j in judges for c in (s.judges[j][0], _rate(s.judges[j][1]))]
+            w.writerow([s.id, s.sample, s.language, s.reference, s.transcript, _rate(s.error_rate), s.tokens, _rate(s.sim),
+                        s.wav] + extra)
     rates = [s.error_rate for s in scored if s.error_rate is not None]
     summary = {"cer": mean_error_rate(rates), "count": len(rates), "failures": len(scored) - len(rates),
                "unit": unit, "tsv": f"{name}.tsv"}
@@ -40,6 +55,61 @@ def read_tsv(path: Path) -> list[dict]:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
+def _values(rows: list[dict], column: str) -> dict[str, float]:
+    return stats.per_item_means([{"id": r["id"], "v": float(r[column]) if r.get(column) else None} for r in rows], "v")
+
+
+def _with_interval(per_item: dict[str, float], resamples: int, seed: int) -> dict:
+    values = list(per_item.values())
+    return {"mean": float(sum(values) / len(values)) if values else math.nan,
+            "ci": stats.bootstrap_ci(values, resamples, seed)}
+
+
+def checkpoint_names(out_dir: Path) -> list[str]:
+    """The checkpoints with a TSV: base first, then steps in order, then any others."""
+    names = [p.stem for p in out_dir.glob("*.tsv")]
+    step = lambda n: int(m.group(1)) if (m := re.fullmatch(r"step_(\d+)", n)) else math.inf   # noqa: E731
+    return sorted(names, key=lambda n: (n != "base", step(n), n))
+
+
+def summarize(out_dir: Path, names: list[str], unit: str, primary: str, reward_judge: str | None = None,
+              margin: float = 0.02, resamples: int = 2000, seed: int = 0) -> dict:
+    """report.json's content from the TSVs: per checkpoint the primary judge's figures at the top level (cer,
+    cer_ci, delta, delta_ci, p_value, sim...), every judge's under `judges`, and the hacking gaps."""
+    tables = {n: read_tsv(out_dir / f"{n}.tsv") for n in names}
+    summary: dict[str, dict] = {}
+    for name, rows in tables.items():
+        cols = {primary: "error_rate", **{c.split("@", 1)[1]: c for c in (rows[0] if rows else {})
+                                          if c.startswith("error_rate@")}}
+        per_judge = {j: _values(rows, c) for j, c in cols.items()}
+        r = {"unit": unit, "tsv": f"{name}.tsv", "items": len(per_judge[primary]),
+             "samples": max((int(x["sample"]) + 1 for x in rows), default=0),
+             "count": sum(bool(x["error_rate"]) for x in rows), "failures": sum(not x["error_rate"] for x in rows),
+             "judges": {}}
+        for j, per_item in per_judge.items():
+            fig = _with_interval(per_item, resamples, seed)
+            entry = {"cer": fig["mean"], "cer_ci": fig["ci"]}
+            if name != "base" and "base" in tables:
+                base_items = _values(tables["base"], cols[j])
+                common = sorted(set(base_items) & set(per_item))
+                test = stats.paired_bootstrap([base_items[i] for i in common], [per_item[i] for i in common],
+                                              resamples, seed)
+                entry.update(delta=test["delta"], delta_ci=test["ci"], p_value=test["p_value"], paired=len(common))
+            r["judges"][j] = entry
+        r.update({k: v for k, v in r["judges"][primary].items()})
+        sims = _values(rows, "sim")
+        if sims:
+            fig = _with_interval(sims, resamples, seed)
+            r.update(sim=fig["mean"], sim_ci=fig["ci"], sim_count=len(sims))
+        if reward_judge and name != "base" and reward_judge in r["judges"] and "delta" in r["judges"][reward_judge]:
+            seen_by_reward = -r["judges"][reward_judge]["delta"]        # improvement = base - checkpoint
+            r["hacking_gap"] = {j: {"gap": seen_by_reward - (-e["delta"]),
+                                    "flagged": seen_by_reward - (-e["delta"]) > margin}
+                                for j, e in r["judges"].items() if j != reward_judge and "delta" in e}
+        summary[name] = r
+    return summary
+
+
 def _delta(cer: float, base: float | None) -> str:
     if base is None or math.isnan(base) or math.isnan(cer):
         return "–"
@@ -47,17 +117,47 @@ def _delta(cer: float, base: float | None) -> str:
     return f"{cer - base:+.4f}{rel}"
 
 
-def write_summary(out_dir: Path, summary: dict) -> None:
+def _ci(ci) -> str:
+    return "" if not ci or any(math.isnan(x) for x in ci) else f" [{ci[0]:.4f}, {ci[1]:.4f}]"
+
+
+def speaker_note(speaker_model: str | None) -> str:
+    if not speaker_model:
+        return "SIM: not computed (eval.speaker_model unset)."
+    return (f"SIM: cosine of speaker embeddings by {Path(speaker_model).name} (CosyVoice2's CAM++ verifier when "
+            "campplus.onnx), not Seed-TTS-eval's WavLM-TDNN: compare SIM figures only within this report.")
+
+
+def write_summary(out_dir: Path, summary: dict, speaker_model: str | None = None) -> None:
     (out_dir / "report.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     base = summary.get("base", {}).get("cer")
-    unit = next(iter(summary.values()))["unit"] if summary else ""
-    lines = ["# Zero-shot evaluation", "", f"Error unit: {unit}; figure: mean of per-utterance rates "
-             "(Seed-TTS-eval protocol).", "", "| checkpoint | CER | Δ vs base | scored | failures | SIM |",
-             "|---|---|---|---|---|---|"]
+    first = next(iter(summary.values()), {})
+    unit, samples = first.get("unit", ""), first.get("samples", 1)
+    lines = ["# Zero-shot evaluation", "", f"Error unit: {unit}; figure: mean over items of per-utterance rates "
+             f"(Seed-TTS-eval protocol), {samples} sample(s) per item; [95 % bootstrap interval over items]; "
+             "Δ vs base: paired bootstrap, p two-sided.", "", speaker_note(speaker_model), "",
+             "| checkpoint | CER [95 % CI] | Δ vs base [95 % CI] | p | scored | failures | SIM [95 % CI] |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in summary.items():
-        sim = f"{r['sim']:.3f}" if "sim" in r else "–"
-        lines.append(f"| {name} | {r['cer']:.4f} | {_delta(r['cer'], base) if name != 'base' else '–'} | "
-                     f"{r['count']} | {r['failures']} | {sim} |")
+        sim = f"{r['sim']:.3f}{_ci(r.get('sim_ci'))}" if "sim" in r else "–"
+        delta = f"{_delta(r['cer'], base)}{_ci(r.get('delta_ci'))}" if name != "base" else "–"
+        p = f"{r['p_value']:.3f}" if "p_value" in r else "–"
+        lines.append(f"| {name} | {r['cer']:.4f}{_ci(r.get('cer_ci'))} | {delta} | {p} | {r['count']} | "
+                     f"{r['failures']} | {sim} |")
+    if len(first.get("judges", {})) > 1:
+        lines += ["", "## Judges", "", "| checkpoint | judge | CER [95 % CI] | Δ vs base [95 % CI] | p |",
+                  "|---|---|---|---|---|"]
+        for name, r in summary.items():
+            for j, e in r["judges"].items():
+                d = f"{e['delta']:+.4f}{_ci(e['delta_ci'])}" if "delta" in e else "–"
+                p = f"{e['p_value']:.3f}" if "p_value" in e else "–"
+                lines.append(f"| {name} | {j} | {e['cer']:.4f}{_ci(e['cer_ci'])} | {d} | {p} |")
+    gaps = [(n, j, g) for n, r in summary.items() for j, g in r.get("hacking_gap", {}).items()]
+    if gaps:
+        lines += ["", "## Hacking gap", "", "(improvement under the reward's judge) − (improvement under the held-out "
+                  "judge); flagged above the margin (eval.hacking_margin).", "",
+                  "| checkpoint | held-out judge | gap | flagged |", "|---|---|---|---|"]
+        lines += [f"| {n} | {j} | {g['gap']:+.4f} | {'**yes**' if g['flagged'] else 'no'} |" for n, j, g in gaps]
     (out_dir / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     plot(out_dir / "report.png", summary)
 
@@ -69,10 +169,13 @@ def plot(path: Path, summary: dict) -> None:
     import matplotlib.pyplot as plt
 
     names = list(summary)
+    cers = [summary[n]["cer"] for n in names]
+    err = [[max(0.0, c - summary[n].get("cer_ci", [c, c])[0]) for n, c in zip(names, cers)],
+           [max(0.0, summary[n].get("cer_ci", [c, c])[1] - c) for n, c in zip(names, cers)]]
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.5))
-    ax.bar(names, [summary[n]["cer"] for n in names], color=["#888" if n == "base" else "#3a7" for n in names])
+    ax.bar(names, cers, yerr=err, capsize=4, color=["#888" if n == "base" else "#3a7" for n in names])
     ax.set_ylabel("CER (mean per utterance)")
-    ax.set_title("zero-shot CER per checkpoint")
+    ax.set_title("zero-shot CER (95 % bootstrap CI)")
     for i, n in enumerate(names):
         ax.annotate(f"{summary[n]['cer']:.3f}", (i, summary[n]["cer"]), ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
@@ -124,11 +227,36 @@ def main(argv: list[str]) -> int:
     from grpo.config import load_config
 
     parser = argparse.ArgumentParser(prog="python -m grpo.evaluate.report")
-    parser.add_argument("action", choices=["summary", "check"])
+    parser.add_argument("action", choices=["summary", "check", "render"],
+                        help="render: recompute report.json/md/png/html from the TSVs under eval.out_dir")
     parser.add_argument("--max-ratio", type=float, default=1.0, help="check: final CER must be below this x base")
     args, overrides = parser.parse_known_args(argv)
-    out_dir = Path(load_config(overrides).eval.out_dir)
+    e = load_config(overrides).eval
+    out_dir = Path(e.out_dir)
+    if args.action == "render":
+        names = checkpoint_names(out_dir)
+        if not names:
+            print(f"no <checkpoint>.tsv under {out_dir}: run stage 4 first (bash run.sh 4 4)", file=sys.stderr)
+            return 1
+        render(out_dir, names, e)
+        return print_summary(out_dir)
     return print_summary(out_dir) if args.action == "summary" else check(out_dir, args.max_ratio)
+
+
+def unit_of(e) -> str:
+    return "pinyin syllable (synthetic codebook)" if e.asr == "synthetic" else "Seed-TTS-eval CER/WER"
+
+
+def render(out_dir: Path, names: list[str], e) -> dict:
+    """The whole report from the TSVs, with the eval config's judges, margin and bootstrap settings."""
+    from grpo.evaluate.html_report import write_html
+
+    summary = summarize(out_dir, names, unit_of(e), e.asr, e.reward_judge, e.hacking_margin,
+                        e.bootstrap.resamples, e.bootstrap.seed)
+    write_summary(out_dir, summary, e.speaker_model)
+    write_html(out_dir, summary, {n: read_tsv(out_dir / f"{n}.tsv") for n in names}, e.asr,
+               speaker_note(e.speaker_model))
+    return summary
 
 
 if __name__ == "__main__":
