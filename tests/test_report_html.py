@@ -72,12 +72,20 @@ def build_report(out_dir: Path, n_items: int = 60) -> dict:
                 hyp = reference[:6 - errors] + "汽" * errors                   # `errors` substitutions
                 alt = reference[:5]                                              # one deletion
                 scored.append(Scored(item, reference, hyp, errors / 6, 6, sample=s, wav=wav, sim=0.5 + better,
-                                     judges={"synthetic_alt": (alt, 1 / 6)}))
-        report.write_checkpoint(out_dir, name, scored, "CER", ["synthetic_alt"])
-    summary = report.summarize(out_dir, ["base", "step_4"], "CER", "synthetic", reward_judge="synthetic")
+                                     judges={"sensevoice": (alt, 1 / 6)}))
+        report.write_checkpoint(out_dir, name, scored, "CER", ["sensevoice"])
+    summary = report.summarize(out_dir, ["base", "step_4"], "CER", "paraformer", reward_judge="sensevoice")
     report.write_summary(out_dir, summary)
-    write_html(out_dir, summary, {n: report.read_tsv(out_dir / f"{n}.tsv") for n in ("base", "step_4")}, "synthetic")
+    write_html(out_dir, summary, {n: report.read_tsv(out_dir / f"{n}.tsv") for n in ("base", "step_4")}, "paraformer")
     return summary
+
+
+def test_synthetic_transcripts_are_marked_against_the_references_units():
+    from grpo.evaluate.html_report import marked
+
+    # 今天天气 -> jin1 tian1 tian1 qi4: one substitution (qi4 heard as qi1), the rest equal
+    assert marked("今天天气", "jin1 tian1 tian1 qi1", "zh", units=True) == 'jin1 tian1 tian1 <span class="sub">qi1</span>'
+    assert marked("今天天气", "今天天", "zh") == '今天天<span class="del">气</span>'
 
 
 def test_report_html_in_chromium(tmp_path):
@@ -105,14 +113,14 @@ def test_report_html_in_chromium(tmp_path):
     order = [(a["data-id"], n) for a, _ in rows for n in ("base", "step_4")]
     assert [a["data-checkpoint"] for a, _ in cells] == [n for _, n in order]
     assert [a["data-text"] for a, _ in spans] == [x for k in order for x in (tsv[k]["transcript"],
-                                                                            tsv[k]["transcript@synthetic_alt"])]
-    assert rates == [f"{float(x):.3f}" for k in order for x in (tsv[k]["error_rate"], tsv[k]["error_rate@synthetic_alt"])]
+                                                                            tsv[k]["transcript@sensevoice"])]
+    assert rates == [f"{float(x):.3f}" for k in order for x in (tsv[k]["error_rate"], tsv[k]["error_rate@sensevoice"])]
     shown = {(a["data-checkpoint"], a["data-judge"]): t for tag, a, t in dom.elements
              if tag == "tr" and "data-judge" in a}
     for (name, judge), text in shown.items():
         assert f"{summary[name]['judges'][judge]['cer']:.4f}" in text
     assert len(shown) == 4
-    assert ("flagged" in shown[("step_4", "synthetic_alt")]) == summary["step_4"]["hacking_gap"]["synthetic_alt"]["flagged"]
+    assert ("flagged" in shown[("step_4", "paraformer")]) == summary["step_4"]["hacking_gap"]["paraformer"]["flagged"]
     # the differences are marked: every substituted character of a transcript in a "sub" span
     subs = [t for tag, a, t in dom.elements if tag == "span" and a.get("class") == "sub"]
     assert subs and all(set(t) == {"汽"} for t in subs)

@@ -48,16 +48,25 @@ if (hash.get('click')) document.querySelector(`th[data-key="${hash.get('click')}
 """
 
 
-def marked(reference: str, hypothesis: str, language: str) -> str:
-    """The hypothesis with substitutions, insertions and deletions against the reference marked (HTML)."""
+SYNTHETIC_JUDGES = ("synthetic", "synthetic_alt")    # they "hear" units (pinyin syllables, words), not text
+
+
+def marked(reference: str, hypothesis: str, language: str, units: bool = False) -> str:
+    """The hypothesis with substitutions, insertions and deletions against the reference marked (HTML); `units`:
+    a synthetic judge's transcript, compared with the reference's units as its error rate is."""
     import jiwer
 
-    ref, hyp = cer.prepare(reference, language), cer.prepare(hypothesis, language)
+    if units:
+        from reward_server.scoring import text_to_units
+
+        ref, hyp, sep = " ".join(text_to_units(reference, language)), hypothesis, " "
+    else:
+        ref, hyp = cer.prepare(reference, language), cer.prepare(hypothesis, language)
+        sep = "" if language == "zh" else " "
     if not ref.split() or not hyp.split():
         return html.escape(hypothesis) or "<i>(empty)</i>"
     out = jiwer.process_words(ref, hyp)
     r, h = out.references[0], out.hypotheses[0]
-    sep = "" if language == "zh" else " "
     parts = []
     for c in out.alignments[0]:
         if c.type == "equal":
@@ -132,7 +141,7 @@ def write_html(out_dir: Path, summary: dict, tables: dict[str, list[dict]], prim
             audio = f'<audio controls preload="none" src="{html.escape(r["wav"])}"></audio><br>' if r.get("wav") else ""
             said = "".join(f'<div class="judge" data-judge="{html.escape(j)}">{html.escape(j)}: '
                            f'<span class="transcript" data-text="{html.escape(r.get(text_col[j], ""), quote=True)}">'
-                           f'{marked(r["reference"], r.get(text_col[j], ""), language)}</span> '
+                           f'{marked(r["reference"], r.get(text_col[j], ""), language, j in SYNTHETIC_JUDGES)}</span> '
                            f'(<span class="rate">{_fmt(float(r[rate_col[j]]) if r.get(rate_col[j]) else None)}</span>)'
                            f"</div>" for j in judges)
             cells.append(f'<td data-checkpoint="{html.escape(n)}">{audio}{said}item rate '
