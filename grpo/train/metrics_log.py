@@ -158,6 +158,9 @@ def match_components(step: int, row: dict, tagged: dict[int, list[dict]]) -> Non
         if scores and "reward_mean" in row and math.isclose(sum(scores) / len(scores), row["reward_mean"],
                                                              rel_tol=1e-6, abs_tol=1e-9):
             row.update(component_means(tagged[tag]))
+            nodes = {r["node_id"] for r in tagged[tag] if r.get("node_id")}   # reward workers' nodes (Ray)
+            if nodes:
+                row["reward_nodes"] = len(nodes)
             return
     log.warning("step %d: no logged samples match its mean score; its reward components are left out", step)
 

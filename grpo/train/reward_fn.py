@@ -8,17 +8,18 @@ max_items_per_request, no_speech_reward, on_failure, failure_log, component_log.
 together (reward_server.client). Every failure (after the client's retries) is also appended to
 `failure_log`: verl's agent loop catches a raising reward per sample and drops the group, so the verl
 launcher watches that file and fails the run (on_failure=raise) instead of training on silently
-shrunken batches.
+shrunken batches. Inside verl's Ray cluster both logs are written on the head node, whichever node the
+reward worker runs on (grpo.train.reward_ledger).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
 from grpo.model.speech_vocab import speech_token_strings
+from grpo.train import reward_ledger
 from reward_server.client import ClientConfig, RewardClient, RewardServerError
 from reward_server.components import COMPONENTS
 
@@ -54,7 +55,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     if not tokens:
         out = {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1,
                "reward_failed": 0, **component_fields({"cer": no_speech_reward, "sim": 0.0, "duration": 0.0})}
-        log_components(component_log, extra_info, out, 0)
+        await log_components(component_log, extra_info, out, 0)
         return out
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
@@ -65,7 +66,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
         result = await client.score_one(item)
     except RewardServerError as exc:
         if failure_log:   # the verl launcher watches this file: verl's agent loop would swallow the raise below
-            record_failure(failure_log, item["id"], exc)
+            await record_failure(failure_log, item["id"], exc)
         if on_failure == "raise":
             raise
         log.exception("reward failed for sample %s; it is excluded from the update", item["id"])
@@ -75,18 +76,19 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     out = {"score": float(result["reward"]), "error_rate": float(result["error_rate"]),
            "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0,
            **component_fields(result.get("components", {}))}
-    log_components(component_log, extra_info, out, len(tokens))
+    await log_components(component_log, extra_info, out, len(tokens))
     return out
 
 
-def log_components(path: str | None, extra_info: dict, out: dict, speech_tokens: int) -> None:
+async def log_components(path: str | None, extra_info: dict, out: dict, speech_tokens: int) -> None:
     """verl engine: the sample's components under its training step (the agent loop puts `global_steps` in
     extra_info); verl 0.9.1 logs no reward extras while training, so the launcher averages these per step.
     Each line also names the sample and its length, so its length bounds can be checked from the data."""
     if path and extra_info.get("global_steps") is not None:
-        append_line(path, {"step": int(extra_info["global_steps"]), "sample_id": extra_info.get("sample_id"),
-                           "speech_tokens": speech_tokens, **(extra_info.get("sampling") or {}), "score": out["score"],
-                           "error_rate": out["error_rate"], **{k: out[k] for k in COMPONENT_FIELDS}})
+        await reward_ledger.record(path, {
+            "step": int(extra_info["global_steps"]), "sample_id": extra_info.get("sample_id"),
+            "speech_tokens": speech_tokens, **(extra_info.get("sampling") or {}), "score": out["score"],
+            "error_rate": out["error_rate"], **{k: out[k] for k in COMPONENT_FIELDS}})
 
 
 def component_fields(components: dict) -> dict:
@@ -94,14 +96,9 @@ def component_fields(components: dict) -> dict:
     return {field: float(components.get(name, float("nan"))) for name, field in zip(COMPONENTS, COMPONENT_FIELDS)}
 
 
-def record_failure(path: str, sample_id: str, exc: Exception) -> None:
-    append_line(path, {"time": time.time(), "id": sample_id, "error": f"{type(exc).__name__}: {exc}"[:500]})
-
-
-def append_line(path: str, record: dict) -> None:
-    """One JSON line, appended in a single write (several reward workers append to the same file)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+async def record_failure(path: str, sample_id: str, exc: Exception) -> None:
+    await reward_ledger.record(path, {"time": time.time(), "id": sample_id,
+                                      "error": f"{type(exc).__name__}: {exc}"[:500]})
 
 
 def request_items(r) -> int:
