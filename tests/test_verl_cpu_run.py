@@ -47,6 +47,8 @@ def test_main_ppo_trains_two_steps_on_cpu_then_merges_evaluates_and_exports(tiny
     logged = [json.loads(x) for x in (out / verl_launcher.COMPONENT_LOG).read_text().splitlines()]
     check_length_bounds(cfg, logged)
     assert not any(x["ras"] for x in logged if not x["validate"])      # training: plain, on-policy
+    # written by the head node's ledger actor from verl's reward workers (grpo.train.reward_ledger)
+    assert all(x["written_on"] and x["node_id"] for x in logged) and rows[-1]["reward_nodes"] == 1
     samples = [x for x in logged if not x["validate"]]
     assert sorted({x["step"] for x in samples}) == [0, 1]      # verl tags a step's prompts one step early
     for r in rows:   # each sample's components under its batch; the default weights make reward = cer
