@@ -42,8 +42,9 @@ def write_checkpoint(out_dir: Path, name: str, scored, unit: str, judges: list[s
             w.writerow([s.id, s.sample, s.language, s.reference, s.transcript, _rate(s.error_rate), s.tokens, _rate(s.sim),
                         s.wav] + extra)
     rates = [s.error_rate for s in scored if s.error_rate is not None]
-    summary = {"cer": mean_error_rate(rates), "count": len(rates), "failures": len(scored) - len(rates),
-               "unit": unit, "tsv": f"{name}.tsv"}
+    per_item = stats.per_item_means([{"id": s.id, "v": s.error_rate} for s in scored], "v")
+    summary = {"cer": mean_error_rate(list(per_item.values())), "count": len(rates),
+               "failures": len(scored) - len(rates), "unit": unit, "tsv": f"{name}.tsv"}
     sims = [s.sim for s in scored if s.sim is not None]
     if sims:
         summary.update(sim=sum(sims) / len(sims), sim_count=len(sims))
@@ -59,10 +60,9 @@ def _values(rows: list[dict], column: str) -> dict[str, float]:
     return stats.per_item_means([{"id": r["id"], "v": float(r[column]) if r.get(column) else None} for r in rows], "v")
 
 
-def _with_interval(per_item: dict[str, float], resamples: int, seed: int) -> dict:
+def _with_interval(per_item: dict[str, float], resamples: int, seed: int, mean=mean_error_rate) -> dict:
     values = list(per_item.values())
-    return {"mean": float(sum(values) / len(values)) if values else math.nan,
-            "ci": stats.bootstrap_ci(values, resamples, seed)}
+    return {"mean": float(mean(values)) if values else math.nan, "ci": stats.bootstrap_ci(values, resamples, seed)}
 
 
 def checkpoint_names(out_dir: Path) -> list[str]:
@@ -99,7 +99,7 @@ def summarize(out_dir: Path, names: list[str], unit: str, primary: str, reward_j
         r.update({k: v for k, v in r["judges"][primary].items()})
         sims = _values(rows, "sim")
         if sims:
-            fig = _with_interval(sims, resamples, seed)
+            fig = _with_interval(sims, resamples, seed, mean=lambda v: sum(v) / len(v))
             r.update(sim=fig["mean"], sim_ci=fig["ci"], sim_count=len(sims))
         if reward_judge and name != "base" and reward_judge in r["judges"] and "delta" in r["judges"][reward_judge]:
             seen_by_reward = -r["judges"][reward_judge]["delta"]        # improvement = base - checkpoint
