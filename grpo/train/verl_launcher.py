@@ -242,6 +242,8 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         # VLLM_CPU_KVCACHE_SPACE would override it, in whole GiB only: a real-size run needs the half GiB)
         overrides.append("++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
                          f"{int(cfg.train.rollout.cpu_kv_cache_gib * 2**30)}")
+        # ... holding one request of prompt + response, not the model's 32,768 positions (verl's default)
+        overrides.append(f"actor_rollout_ref.rollout.max_model_len={t.max_prompt_tokens + t.max_response_tokens}")
     # CosyVoice's RAS in verl's vLLM servers (used by validation requests that ask for it), and the decoding the
     # agent loop applies per item (grpo/train/verl_agent_loop.py): carried in main_ppo's config to every node
     overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value([RAS_PROCESSOR])}")
