@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from grpo.evaluate import cer, report
+from grpo.evaluate.html_report import SYNTHETIC_JUDGES
 from grpo.checkpoint_selection import select_checkpoints
 from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
 from grpo.text_frontend import llm_text_ids, normalize
@@ -106,7 +107,7 @@ class Evaluator:
                                   cfg.train.rollout.enforce_eager, max_len, cfg.seed,
                                   cfg.train.rollout.cpu_kv_cache_gib)
         self.token2wav = None
-        audio_judges = [j for j in [self.e.asr, *extra_judges(self.e)] if j not in ("synthetic", "synthetic_alt")]
+        audio_judges = [j for j in [self.e.asr, *extra_judges(self.e)] if j not in SYNTHETIC_JUDGES]
         if self.e.write_wavs or audio_judges or self.e.speaker_model:
             from reward_server.token2wav import Token2Wav
 
@@ -115,7 +116,6 @@ class Evaluator:
             raise ValueError(f"eval.num_samples must be at least 1, got {self.e.num_samples}")
         self.extra = extra_judges(self.e)
         self.judges = {n: self._judge(n) for n in [self.e.asr, *self.extra]}
-        self.asr = self.judges[self.e.asr]
         self.sim = None
         if self.e.speaker_model:
             from grpo.evaluate.speaker_similarity import SpeakerSimilarity
@@ -126,12 +126,9 @@ class Evaluator:
             if not self.prompt_wavs:
                 log.warning("eval.speaker_model is set but no item has a prompt_wav: no speaker similarity")
 
-    def _asr(self):
-        return self._judge(self.e.asr)
-
     def _judge(self, name: str):
         """An ASR by name: a transcribe(wavs, languages) model, or a Codebook (synthetic judges read tokens)."""
-        if name in ("synthetic", "synthetic_alt"):
+        if name in SYNTHETIC_JUDGES:
             from reward_server.codebook import Codebook
 
             book = Codebook.load(self.cfg.reward.codebook.path)
@@ -162,22 +159,21 @@ class Evaluator:
         return [[self.vocab.to_speech_tokens(flat[j * n + i][0]) for j in range(self.e.num_samples)]
                 for i in range(n)]
 
-    def _read(self, judge, name: str, keys, tokens, wavs, by_id) -> dict:
-        """(transcript, rate) per (item id, sample) for one judge: token judges read the tokens, ASRs the audio."""
+    def _read(self, judge, name: str, keys, tokens, wavs16, by_id) -> dict:
+        """(transcript, rate) per (item id, sample) for one judge: token judges read the tokens, ASRs the 16 kHz
+        audio."""
         from reward_server.scoring import text_to_units, units_error_rate
-        from reward_server.token2wav import resample
 
         out = {}
-        if name in ("synthetic", "synthetic_alt"):
+        if name in SYNTHETIC_JUDGES:
             for key in keys:
                 units = judge.transcribe(tokens[key])
                 out[key] = (" ".join(units), units_error_rate(text_to_units(by_id[key[0]].text,
                                                                             by_id[key[0]].language), units))
             return out
-        keys = [k for k in keys if k in wavs]
+        keys = [k for k in keys if k in wavs16]
         try:
-            texts = judge.transcribe([resample(wavs[k], self.token2wav.sample_rate, 16000) for k in keys],
-                                     [by_id[k[0]].language for k in keys]) if keys else []
+            texts = judge.transcribe([wavs16[k] for k in keys], [by_id[k[0]].language for k in keys]) if keys else []
         except Exception as exc:
             log.warning("ASR %s failed for a batch of %d: %s", name, len(keys), exc)
             texts = [None] * len(keys)
@@ -213,7 +209,10 @@ class Evaluator:
                     sf.write(Path(self.e.out_dir) / rel, wavs[i, j], self.token2wav.sample_rate)
                     paths[i, j] = rel
         keys = [k for k in tokens if k not in failed]
-        read = {n: self._read(judge, n, keys, tokens, wavs, by_id) for n, judge in self.judges.items()}
+        hears_audio = self.sim is not None or any(n not in SYNTHETIC_JUDGES for n in self.judges)
+        wavs16 = ({k: resample(w, self.token2wav.sample_rate, 16000) for k, w in wavs.items()}   # once, for all
+                  if hears_audio else {})
+        read = {n: self._read(judge, n, keys, tokens, wavs16, by_id) for n, judge in self.judges.items()}
         primary = read[self.e.asr]
         results = []
         for j in range(self.e.num_samples):
@@ -224,8 +223,7 @@ class Evaluator:
                            wav=paths.get(k, ""),
                            judges={n: read[n].get(k, ("", None)) for n in self.extra})
                 if self.sim is not None and k in wavs and it.id in self.prompt_wavs and rate is not None:
-                    s.sim = self.sim.similarity(resample(wavs[k], self.token2wav.sample_rate, 16000),
-                                                self.prompt_wavs[it.id])
+                    s.sim = self.sim.similarity(wavs16[k], self.prompt_wavs[it.id])
                 results.append(s)
         return results
 
