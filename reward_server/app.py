@@ -15,6 +15,7 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+import ray
 from ray import serve
 
 from reward_server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -64,6 +65,7 @@ class RewardServer:
         self.sticky_fault_file = r.get("inject_sticky_fault_file")   # tests only: see inject_sticky_fault
         self.broken = False
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
+        self.node = ray.get_runtime_context().get_node_id()     # the Ray node (several may share a host name)
         self.metrics = ServerMetrics(self.replica, self.backend.name)
         self.score_batch.set_max_batch_size(r.max_batch_size)
         self.score_batch.set_batch_wait_timeout_s(r.batch_wait_timeout_s)
@@ -158,7 +160,7 @@ class RewardServer:
             in_flight.dec(len(items))
         self.metrics.request(200, time.perf_counter() - start)
         return {"results": [r.as_result(it.id) if isinstance(r, ItemFailure)
-                            else {**r, "status": "ok", "replica": self.replica} for it, r in zip(items, results)]}
+                            else {**r, "status": "ok", "replica": self.replica, "node": self.node} for it, r in zip(items, results)]}
 
     def _internal_error(self, during: str, start: float) -> JSONResponse:
         request_id = uuid.uuid4().hex[:12]
@@ -170,7 +172,7 @@ class RewardServer:
     @api.get("/health")
     def health(self):
         body = {"status": "ok" if self.healthy() else "unhealthy", "backend": self.backend.name,
-                "replica": self.replica, "pid": os.getpid(), "consecutive_failures": self.consecutive_failures}
+                "replica": self.replica, "node": self.node, "pid": os.getpid(), "consecutive_failures": self.consecutive_failures}
         return JSONResponse(body, status_code=200 if self.healthy() else 503)
 
     @api.get("/metrics")

@@ -108,14 +108,13 @@ def test_verl_steps_take_the_components_of_the_samples_they_trained_on(tmp_path)
 
     from grpo.train.metrics_log import metrics_from_verl
 
-    verl_log, components = tmp_path / "verl.jsonl", tmp_path / "components.jsonl"
-    verl_log.write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": m}}) + "\n"
-                                for s, m in ((1, 0.25), (2, 0.5), (3, 0.9))))
+    components = tmp_path / "components.jsonl"
+    verl_rows = [{"step": s, "data": {"critic/score/mean": m}} for s, m in ((1, 0.25), (2, 0.5), (3, 0.9))]
     samples = [(0, 0.2, 0.1), (0, 0.3, 0.3), (1, 0.5, 0.6), (1, 0.5, 0.8), (2, 0.7, 0.0)]   # (tag, score, cer)
     components.write_text("".join(json.dumps({"step": t, "score": sc, "error_rate": 0.1, "reward_cer": c,
                                               "reward_sim": float("nan"), "reward_duration": 1.0}) + "\n"
                                   for t, sc, c in samples))
-    rows = metrics_from_verl(verl_log, components)
+    rows = metrics_from_verl(verl_rows, components)
     assert rows[0]["reward_cer_mean"] == pytest.approx(0.2) and rows[1]["reward_cer_mean"] == pytest.approx(0.7)
     assert "reward_sim_mean" not in rows[0] and rows[0]["reward_duration_mean"] == 1.0   # NaN: not computed
     assert "reward_cer_mean" not in rows[2]            # tag 2 scored 0.7, step 3 trained on 0.9: no match

@@ -345,7 +345,7 @@ def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkey
     assert verl_launcher.run(cfg) == 0
     env = started["env"]
     assert {k: env.get(k) for k in CPU_PROCESS_ENV} == CPU_PROCESS_ENV
-    assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / verl_launcher.VERL_LOG)
+    assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "verl_metrics.attempt0.jsonl")   # a fresh start
     assert started["cmd"][1:3] == ["-m", "verl.trainer.main_ppo"] and "trainer.device=cpu" in started["cmd"]
 
 

