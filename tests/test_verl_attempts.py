@@ -19,7 +19,7 @@ def test_a_killed_attempt_and_its_resume_give_each_step_once(tmp_path):
     assert (first.number, first.resume_step) == (0, 0)
     # attempt 0 logs steps 1 and 2 but is killed after the checkpoint of step 1, before step 2's
     write_jsonl(first.verl_log, [{"step": 1, "data": {"critic/score/mean": 0.5}},
-                                 {"step": 2, "data": {"critic/score/mean": 0.1}}])
+                                 {"step": 2, "data": {"critic/score/mean": 0.1, "actor/only_in_the_killed_step": 1.0}}])
     write_jsonl(components, [{"step": 0, "attempt": 0, "score": 0.5}, {"step": 1, "attempt": 0, "score": 0.1},
                              {"step": 0, "attempt": 0, "score": 0.5, "validate": True}])
     (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
@@ -37,6 +37,7 @@ def test_a_killed_attempt_and_its_resume_give_each_step_once(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["reward_mean"] for r in rows] == [0.5, 0.3, 0.4]        # step 2: the resumed attempt's, not 0.1
     assert rows[0]["val-core/x"] == 0.7                                # the resume's validation joins step 1
+    assert "actor/only_in_the_killed_step" not in rows[1]              # nothing of the killed step 2 is left
     kept = latest_components([json.loads(x) for x in components.read_text().splitlines()])
     assert sorted((r["step"], r["attempt"], r["score"]) for r in kept if not r.get("validate")) == [
         (0, 0, 0.5), (1, 1, 0.3), (2, 1, 0.4)]                         # attempt 0's partial step 2 dropped

@@ -326,6 +326,25 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
     assert r.max_model_len is None
 
 
+def test_several_nodes_join_ray_address_with_the_cpu_environment_carried_to_the_workers(tiny_cfg, monkeypatch):
+    """nnodes > 1 needs RAY_ADDRESS (one line naming the key); with it, no local cluster is started, and verl's
+    job config carries the CPU platform's environment to every worker (as strings: Ray refuses others) and one
+    reward / agent-loop worker per node."""
+    from omegaconf import OmegaConf
+
+    cfg = tiny_cfg("train.engine=verl", "train.verl.nnodes=2", "train.verl.n_gpus_per_node=1")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit, match=r"train.verl.nnodes=2: .* RAY_ADDRESS"):
+        verl_launcher.build_overrides(cfg, cpu=True)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    job = composed(cfg, cpu=True)
+    ray_init = OmegaConf.to_container(job.ray_kwargs.ray_init)
+    assert "address" not in ray_init and "num_gpus" not in ray_init          # ray.init reads RAY_ADDRESS
+    assert ray_init["runtime_env"]["env_vars"] == CPU_PROCESS_ENV
+    assert (job.trainer.nnodes, job.trainer.n_gpus_per_node, job.reward.num_workers,
+            job.actor_rollout_ref.rollout.agent.num_workers) == (2, 1, 2, 2)
+
+
 def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkeypatch):
     """The process the launcher starts (here a real no-op Python in main_ppo's place) gets the CPU platform's
     environment and verl's log paths under train.out_dir."""

