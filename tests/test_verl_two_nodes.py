@@ -31,10 +31,19 @@ class TwoNodeCluster:
         self.env = {**os.environ, "RAY_memory_usage_threshold": "0.98"}
         common = ["--num-cpus=8", "--num-gpus=1", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
         ray = str(Path(sys.executable).with_name("ray"))
-        for args in (["--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false"],
-                     [f"--address={self.address}"]):
-            done = subprocess.run([ray, "start", *args, *common], env=self.env, capture_output=True, text=True)
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        head = ["--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
+        self.start(ray, [*head, *common], attempts=1)
+        # the second raylet joins; its first try can meet a GCS still starting (seen: an InvalidAuthToken reply)
+        self.start(ray, [f"--address={self.address}", *common], attempts=5)
+
+    def start(self, ray: str, args: list[str], attempts: int) -> None:
+        for attempt in range(attempts):
+            done = subprocess.run([ray, "start", *args], env=self.env, capture_output=True, text=True)
+            if done.returncode == 0:
+                return
+            time.sleep(2 * (attempt + 1))    # backoff between join attempts
+        self.kill()
+        raise AssertionError(f"ray start {' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
     def kill(self) -> None:
         for p in psutil.process_iter(["cmdline"]):
