@@ -46,12 +46,12 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m grpo serve` in a subprocess on a free port (as run.sh starts it), stopped with SIGINT."""
 
-    def __init__(self, overrides: list[str], log_path: Path):
+    def __init__(self, overrides: list[str], log_path: Path, port: int | None = None):
         import subprocess
 
         from grpo.config import REPO_ROOT
 
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
         self.proc = subprocess.Popen([sys.executable, "-m", "grpo", "serve", *overrides, f"reward.port={self.port}"],

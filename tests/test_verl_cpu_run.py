@@ -102,6 +102,56 @@ def test_main_ppo_trains_on_ras_rollouts_with_its_token_is_correction(tiny_cfg, 
     check_length_bounds(cfg, logged, validations=0)
 
 
+@pytest.mark.slow     # ~3 min; .ci/run runs it
+def test_main_ppo_rides_through_a_reward_server_killed_mid_step(tiny_cfg, tiny_exp, tmp_path, capfd):
+    """The reward server SIGKILLed with its Ray (every process under it) once it has scored the first item of
+    step 1, then started again on the same port: verl's reward workers retry within reward.client.retry_budget_s,
+    so the run ends with every sample of both steps scored exactly once -- step 1's by the old server and the
+    new one -- and nothing in the failure log. One item per request, one request at a time, so step 1's 16
+    items take many round trips and the kill lands inside the step."""
+    import threading
+    import time
+
+    import psutil
+    from conftest import FAST_TINY, ServerProcess
+
+    one_at_a_time = ["reward.client.max_items_per_request=1", "reward.client.max_concurrency=1"]
+    server_args = [f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic", *one_at_a_time]
+    old = ServerProcess(server_args, log_path=tmp_path / "server-old.log").wait()
+    out = tmp_path / "train"
+    cfg = tiny_cfg("train.engine=verl", f"train.out_dir={out}", "train.total_steps=2", "train.save_freq=100",
+                   "train.batch_size=4", "train.n=4", f"reward.port={old.port}", "train.verl.timeout_s=900",
+                   *one_at_a_time)
+    result = {}
+    run = threading.Thread(target=lambda: result.update(rc=verl_launcher.run(cfg)))
+    run.start()
+    new = None
+    try:
+        while run.is_alive() and items_scored(old.url) == 0:     # step 1's first reward is in
+            time.sleep(0.05)
+        doomed = [old.proc, *psutil.Process(old.proc.pid).children(recursive=True)]
+        for p in doomed:
+            p.kill()
+        psutil.wait_procs(doomed, timeout=30)
+        new = ServerProcess(server_args, log_path=tmp_path / "server-new.log", port=old.port).wait()
+        run.join(timeout=900)
+    finally:
+        for server in (old, new):
+            if server:
+                server.stop()
+    assert result.get("rc") == 0, capfd.readouterr().err[-3000:]
+    assert "reward server: " in capfd.readouterr().err          # the client met the dead server and retried
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+    logged = [json.loads(x) for x in (out / verl_launcher.COMPONENT_LOG).read_text().splitlines()]
+    for step in (0, 1):      # verl tags a step's prompts one step early
+        batch = [x for x in logged if x["step"] == step]
+        assert len(batch) == 16, step                            # every sample once: none lost, none twice
+    replicas = [x["replica"] for x in logged if x["step"] == 0]
+    assert len(set(replicas)) == 2                               # step 1 was scored by the old and the new server
+    assert set(x["replica"] for x in logged if x["step"] == 1) == {replicas[-1]}
+    assert not (out / verl_launcher.FAILURE_LOG).exists() or not (out / verl_launcher.FAILURE_LOG).stat().st_size
+
+
 def check_length_bounds(cfg, logged, validations: int = 8):
     """Each logged sample (training and validation) within its own item's bounds, from the data: the text of its
     sample_id in the parquet, counted with CosyVoice's tokenizer; validation requests carried RAS."""
