@@ -11,6 +11,7 @@ import threading
 from omegaconf import DictConfig
 
 from grpo.config import REPO_ROOT
+from grpo.train import cluster_check
 
 log = logging.getLogger("reward_server")
 APP_NAME = "reward"
@@ -28,8 +29,12 @@ def start(cfg: DictConfig) -> None:
         # a Ray of its own shares the machine with training: its OOM killer (95 % of the node by default) would
         # take the replica for memory that main_ppo holds (seen in a real-size CPU run); the kernel's limit rules
         os.environ.setdefault("RAY_memory_usage_threshold", "0.98")
-    ray.init(address=address, include_dashboard=False, logging_level="WARNING", log_to_driver=True,
-             configure_logging=False, runtime_env=runtime_env)
+    init_kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True, configure_logging=False,
+                       runtime_env=runtime_env)
+    if address == "local":
+        ray.init(address=address, **init_kwargs)
+    else:
+        cluster_check.join(address, **init_kwargs)
     deploy(cfg)
 
 

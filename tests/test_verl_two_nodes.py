@@ -5,6 +5,7 @@ data order, and its FSDP checkpoint has world size 2."""
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,22 +20,33 @@ from grpo.config import REPO_ROOT
 from grpo.train import cluster_check, merge
 from grpo.train.metrics_log import read_metrics
 from grpo.train.reward_fn import COMPONENT_LOG
-from grpo.train.verl_attempts import history, latest_components
+from grpo.train.verl_attempts import history, latest_components, verl_log
+
+
+def token_auth(monkeypatch, token_path: Path) -> None:
+    """Ray's token authentication for this process and every one it starts (both raylets, the reward server,
+    the launcher, main_ppo). Ray 2.60 turns it on by itself: a `ray.init()` that starts a local cluster writes
+    ~/.ray/auth_token, and a later `ray start --head` that finds it requires it, while `ray start --address`
+    and `ray.init(address=...)` only send it with RAY_AUTH_MODE=token (CI saw the join refused: InvalidAuthToken)."""
+    token_path.write_text(secrets.token_hex(32))
+    token_path.chmod(0o600)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_path))
 
 
 class TwoNodeCluster:
     """`ray start --head` and `ray start --address`, each with one GPU resource, under their own temp dir (which
     every process of theirs names, so that SIGKILL can find them all)."""
 
-    def __init__(self, temp_dir: Path, port: int):
+    def __init__(self, temp_dir: Path, port: int, nodes: int = 2):
         self.temp_dir, self.address = temp_dir, f"127.0.0.1:{port}"
         self.env = {**os.environ, "RAY_memory_usage_threshold": "0.98"}
         common = ["--num-cpus=8", "--num-gpus=1", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
         ray = str(Path(sys.executable).with_name("ray"))
         head = ["--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
         self.start(ray, [*head, *common], attempts=1)
-        # the second raylet joins; its first try can meet a GCS still starting (seen: an InvalidAuthToken reply)
-        self.start(ray, [f"--address={self.address}", *common], attempts=5)
+        for _ in range(nodes - 1):     # the second raylet joins; a first try can meet a GCS still starting
+            self.start(ray, [f"--address={self.address}", *common], attempts=3)
 
     def start(self, ray: str, args: list[str], attempts: int) -> None:
         for attempt in range(attempts):
@@ -70,9 +82,10 @@ def kill_all(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow     # ~8 min; .ci/run runs it
-def test_main_ppo_on_two_nodes_killed_after_step_1_resumes_to_step_3(tiny_exp, tiny_cfg, tmp_path):
+def test_main_ppo_on_two_nodes_killed_after_step_1_resumes_to_step_3(tiny_exp, tiny_cfg, tmp_path, monkeypatch):
     from conftest import FAST_TINY, free_port
 
+    token_auth(monkeypatch, tmp_path / "ray_auth_token")
     out, port = tmp_path / "train", free_port()
     base = [f"exp_dir={tiny_exp}", *FAST_TINY]
     train = [*base, "train.engine=verl", f"train.out_dir={out}", "train.verl.nnodes=2", "train.verl.n_gpus_per_node=1",
@@ -94,7 +107,9 @@ def test_main_ppo_on_two_nodes_killed_after_step_1_resumes_to_step_3(tiny_exp, t
         first = subprocess.Popen(command, cwd=REPO_ROOT, env=env, start_new_session=True)
         tracker = out / "verl_checkpoints" / "latest_checkpointed_iteration.txt"
         deadline = time.monotonic() + 900
-        while not (tracker.exists() and tracker.read_text().strip() == "1"):   # verl wrote step 1's checkpoint
+        # verl saves step 1's checkpoint before it logs the step (ray_trainer.fit): wait for both, a kill between
+        # them loses that step's row (seen once here)
+        while not (tracker.exists() and tracker.read_text().strip() == "1" and logged_steps(out, 0) >= {1}):
             assert first.poll() is None, "the first attempt ended before its step-1 checkpoint"
             assert time.monotonic() < deadline
             time.sleep(1)
@@ -141,6 +156,17 @@ def test_main_ppo_on_two_nodes_killed_after_step_1_resumes_to_step_3(tiny_exp, t
     assert len(list(merged.glob("*.safetensors"))) >= 1
 
 
+def logged_steps(out: Path, attempt: int) -> set[int]:
+    path = verl_log(out, attempt)
+    steps = set()
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            steps.add(int(json.loads(line)["step"]))
+        except ValueError:          # a line still being written
+            pass
+    return steps
+
+
 def batches_by_tag(records) -> list[list[str]]:
     tags = sorted({x["step"] for x in records})
     return [sorted({x["sample_id"] for x in records if x["step"] == t}) for t in tags]
@@ -163,3 +189,17 @@ def verl_batches(cfg, steps: int) -> list[list[str]]:
         if len(batches) == steps:
             return batches
     return batches
+
+
+@pytest.mark.slow     # ~40 s (a head, then Ray's own connection retries); .ci/run runs it
+def test_a_client_without_the_clusters_token_is_told_so_in_one_line(tmp_path, monkeypatch):
+    from conftest import free_port
+
+    token_auth(monkeypatch, tmp_path / "ray_auth_token")
+    head = TwoNodeCluster(Path(f"/tmp/grpo-raytok-{os.getpid()}"), free_port(), nodes=1)
+    try:
+        monkeypatch.delenv("RAY_AUTH_MODE")          # a client that does not send the token
+        with pytest.raises(SystemExit, match=r"cannot join the Ray cluster at 127.0.0.1:\d+ .*RAY_AUTH_MODE=token"):
+            cluster_check.check_nodes(head.address, [])
+    finally:
+        head.kill()

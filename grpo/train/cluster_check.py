@@ -36,13 +36,29 @@ def missing_on_this_node(paths: list[str]) -> tuple[str, str, list[str]]:
     return (ray.get_runtime_context().get_node_id(), os.uname().nodename, [p for p in paths if not os.path.exists(p)])
 
 
+def join(address: str, **init_kwargs) -> None:
+    """`ray.init` on the existing cluster at `address`; SystemExit in one line when it cannot be joined.
+
+    Ray 2.60 gives a refused token (its head found ~/.ray/auth_token, which any `ray.init()` that started a
+    local cluster writes) only as warnings and then the same ConnectionError as a head that is not there."""
+    import ray
+
+    try:
+        ray.init(address=address, **init_kwargs)
+    except ConnectionError as e:
+        raise SystemExit(f"cannot join the Ray cluster at {address} ({e}): is its head running there? A head "
+                         "started with Ray's token authentication (it is on once ~/.ray/auth_token exists) refuses "
+                         "clients without it: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) "
+                         "on every node and client as on the head (see README, 'Several nodes')") from None
+
+
 def check_nodes(address: str, paths: list[str]) -> list[str]:
     """The ids of the alive nodes of the cluster at `address`, each checked for `paths`; SystemExit naming the
     first node and path missing."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    join(address, logging_level="ERROR", log_to_driver=False)
     try:
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         probe = ray.remote(num_cpus=0)(missing_on_this_node)
