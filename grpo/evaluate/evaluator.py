@@ -25,8 +25,11 @@ from grpo.text_frontend import llm_text_ids, normalize
 from grpo.train.local_engine import request_seed
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.evaluate.test_sets import ZeroShotItem, load_set
+from reward_server.backends import speaker_index
 
 log = logging.getLogger(__name__)
+
+SYNTHETIC_SPEAKER = "synthetic"     # eval.speaker_model: the synthetic reward's SIM (SyntheticVoices), no audio
 
 
 @dataclass
@@ -108,7 +111,8 @@ class Evaluator:
                                   cfg.train.rollout.cpu_kv_cache_gib)
         self.token2wav = None
         audio_judges = [j for j in [self.e.asr, *extra_judges(self.e)] if j not in SYNTHETIC_JUDGES]
-        if self.e.write_wavs or audio_judges or self.e.speaker_model:
+        hears_speaker = self.e.speaker_model and self.e.speaker_model != SYNTHETIC_SPEAKER
+        if self.e.write_wavs or audio_judges or hears_speaker:
             from reward_server.token2wav import Token2Wav
 
             self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, "cuda" if torch.cuda.is_available() else "cpu")
@@ -116,8 +120,14 @@ class Evaluator:
             raise ValueError(f"eval.num_samples must be at least 1, got {self.e.num_samples}")
         self.extra = extra_judges(self.e)
         self.judges = {n: self._judge(n) for n in [self.e.asr, *self.extra]}
-        self.sim = None
-        if self.e.speaker_model:
+        self.sim = self.synthetic_voices = None
+        if self.e.speaker_model == SYNTHETIC_SPEAKER:      # the reward's own stand-in, read from the tokens
+            from reward_server.codebook import SyntheticVoices
+
+            book = self._judge("synthetic")      # the same voices as reward_server.backends.SyntheticBackend
+            self.synthetic_voices = SyntheticVoices(book.speech_token_size, cfg.reward.prompt_speakers.num_tiny,
+                                                    book.seed)
+        elif self.e.speaker_model:
             from grpo.evaluate.speaker_similarity import SpeakerSimilarity
             from reward_server.token2wav import load_wav_16k
 
@@ -137,15 +147,15 @@ class Evaluator:
         from reward_server.asr import ByLanguage, build_asr
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        m = self.cfg.model
+        m, batch = self.cfg.model, {"batch_size": self.e.asr_batch_size}
         dirs = {"sensevoice": m.sensevoice_dir, "paraformer": m.paraformer_dir, "whisper": m.whisper_dir}
         if name == "seedtts":        # Seed-TTS-eval: Paraformer-zh for Chinese, Whisper-large-v3 for English
-            return ByLanguage({"zh": lambda: build_asr("paraformer", dirs["paraformer"], device),
-                               "en": lambda: build_asr("whisper", dirs["whisper"], device)})
+            return ByLanguage({"zh": lambda: build_asr("paraformer", dirs["paraformer"], device, **batch),
+                               "en": lambda: build_asr("whisper", dirs["whisper"], device, **batch)})
         if name not in dirs:
             raise ValueError(f"eval.asr / eval.judges: expected seedtts, {', '.join(dirs)}, synthetic or "
                              f"synthetic_alt, got {name!r}")
-        return build_asr(name, dirs[name], device)
+        return build_asr(name, dirs[name], device, **batch)
 
     def generate(self, model_dir: Path) -> list[list[list[int]]]:
         """eval.num_samples samples per item under `eval.decoding`, within the item's CosyVoice length bounds;
@@ -207,7 +217,8 @@ class Evaluator:
                 if self.e.write_wavs:
                     rel = f"{name}/{i}.wav" if j == 0 else f"{name}/{i}_s{j}.wav"
                     sf.write(Path(self.e.out_dir) / rel, wavs[i, j], self.token2wav.sample_rate)
-                    paths[i, j] = rel
+                    wavs[i, j] = sf.read(Path(self.e.out_dir) / rel, dtype="float32")[0]   # what the file holds
+                    paths[i, j] = rel                   # (16-bit): judges hear it, as Seed-TTS-eval reads wavs
         keys = [k for k in tokens if k not in failed]
         hears_audio = self.sim is not None or any(n not in SYNTHETIC_JUDGES for n in self.judges)
         wavs16 = ({k: resample(w, self.token2wav.sample_rate, 16000) for k, w in wavs.items()}   # once, for all
@@ -224,6 +235,9 @@ class Evaluator:
                            judges={n: read[n].get(k, ("", None)) for n in self.extra})
                 if self.sim is not None and k in wavs and it.id in self.prompt_wavs and rate is not None:
                     s.sim = self.sim.similarity(wavs16[k], self.prompt_wavs[it.id])
+                elif self.synthetic_voices is not None and rate is not None:
+                    s.sim = self.synthetic_voices.similarity(tokens[k], speaker_index(it.id,
+                                                                                   self.synthetic_voices.num_speakers))
                 results.append(s)
         return results
 
@@ -255,6 +269,24 @@ def copy_prompts(out_dir: Path, items) -> None:
 
 
 def run(cfg: DictConfig) -> int:
+    """eval.set, then each of eval.extra_sets (its keys override eval.*) into eval.out_dir/<name>."""
+    from omegaconf import OmegaConf
+
+    extras = cfg.eval.get("extra_sets") or []
+    for extra in extras:
+        if not extra.get("name") or not extra.get("data_path"):
+            raise ValueError(f"eval.extra_sets: each set needs a name and a data_path, got {dict(extra)}")
+    evaluate_set(cfg)
+    for extra in extras:
+        overrides = {k: v for k, v in extra.items() if k != "name"}
+        sub = OmegaConf.merge(cfg, {"eval": {**overrides, "out_dir": str(Path(cfg.eval.out_dir) / extra.name),
+                                             "extra_sets": []}})
+        log.info("extra set %s (%s) -> %s", extra.name, extra.data_path, sub.eval.out_dir)
+        evaluate_set(sub)
+    return 0
+
+
+def evaluate_set(cfg: DictConfig) -> None:
     e = cfg.eval
     items = load_set(e.set, e.data_path, e.get("language"))
     if e.max_items:
@@ -273,4 +305,3 @@ def run(cfg: DictConfig) -> int:
         r = report.write_checkpoint(Path(e.out_dir), name, scored, unit, extra)
         log.info("%s: CER %.4f over %d samples (%d failures)", name, r["cer"], r["count"], r["failures"])
     report.render(Path(e.out_dir), list(checkpoints), e)
-    return 0

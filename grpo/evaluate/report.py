@@ -124,6 +124,9 @@ def _ci(ci) -> str:
 def speaker_note(speaker_model: str | None) -> str:
     if not speaker_model:
         return "SIM: not computed (eval.speaker_model unset)."
+    if speaker_model == "synthetic":
+        return ("SIM: the synthetic reward's stand-in (SyntheticVoices: the tokens' mean voice vector against the "
+                "item's speaker), read from the tokens; no audio.")
     return (f"SIM: cosine of speaker embeddings by {Path(speaker_model).name} (CosyVoice2's CAM++ verifier when "
             "campplus.onnx), not Seed-TTS-eval's WavLM-TDNN: compare SIM figures only within this report.")
 
