@@ -229,9 +229,9 @@ def test_short_run_learns(warm_exp, synthetic_server, tmp_path):
     from grpo.train.local_engine import LocalGRPOTrainer
 
     cfg = load_config([f"exp_dir={warm_exp}", f"reward.port={synthetic_server.port}", f"train.out_dir={tmp_path}",
-                       "train.total_steps=36", "train.save_freq=100", "train.logger=[console]"])
+                       "train.total_steps=60", "train.save_freq=100", "train.logger=[console]"])
     LocalGRPOTrainer(cfg).fit()
     rewards = [m["reward_mean"] for m in read_metrics(tmp_path)]
     first, last = np.mean(rewards[:10]), np.mean(rewards[-10:])
     assert last > first + 0.1, f"reward did not rise: first 10 {first:.3f}, last 10 {last:.3f}"
-    assert (tmp_path / "curves.png").exists() and (tmp_path / "checkpoints" / "step_36").is_dir()
+    assert (tmp_path / "curves.png").exists() and (tmp_path / "checkpoints" / "step_60").is_dir()

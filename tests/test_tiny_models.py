@@ -131,6 +131,32 @@ def test_rebuild_is_skipped_when_up_to_date(tiny_cfg, caplog):
     assert open(f"{tiny_cfg().model.cosyvoice_dir}/llm.pt", "rb").read() == before
 
 
+def test_the_warm_start_is_reused_from_the_cache_by_build_stamp(tiny_cfg, tmp_path, monkeypatch):
+    """model.tiny.cache_dir: the first build of a stamp trains and stores llm.pt; the next (another exp dir)
+    copies it without training; another stamp trains again."""
+    import shutil
+
+    from grpo.model import prepare, warm_start
+
+    cfg = tiny_cfg("model.tiny.warm_start.steps=2", f"model.tiny.cache_dir={tmp_path / 'cache'}")
+    codebook = prepare.build_default_codebook(cfg)
+    dirs = [tmp_path / name for name in ("a", "b", "c")]
+    for d in dirs:
+        shutil.copytree(cfg.model.cosyvoice_dir, d)
+    trained = []
+    real = warm_start.warm_start
+    monkeypatch.setattr(warm_start, "warm_start", lambda *a, **k: trained.append(a[0]) or real(*a, **k))
+    first = prepare.warm_start_cached(cfg, dirs[0], codebook, "stamp1")
+    assert prepare.warm_start_cached(cfg, dirs[1], codebook, "stamp1") == first
+    assert trained == [dirs[0]]
+    assert (dirs[1] / "llm.pt").read_bytes() == (dirs[0] / "llm.pt").read_bytes()
+    prepare.warm_start_cached(cfg, dirs[2], codebook, "stamp2")
+    assert trained == [dirs[0], dirs[2]]
+    # the stamp names what is built, not where: another exp dir shares it (and so the cached warm start)
+    assert prepare._stamp(tiny_cfg(f"exp_dir={tmp_path / 'other'}")) == prepare._stamp(tiny_cfg())
+    assert prepare._stamp(tiny_cfg("model.tiny.seed=1")) != prepare._stamp(tiny_cfg())
+
+
 def test_each_item_is_decoded_in_its_own_language(tiny_cfg, monkeypatch):
     """reward.asr.language=item: SenseVoice gets each waveform with its item's language (one call per
     language, results back in input order); "auto" only when asked."""

@@ -54,3 +54,38 @@ def test_jsonl_errors_name_the_line(tmp_path):
     path.write_text(json.dumps({"id": "a", "prompt_text": "x", "text": "y"}) + "\n" + json.dumps({"id": "b"}) + "\n")
     with pytest.raises(ValueError, match="set.jsonl:2"):
         load_set("jsonl", path)
+
+
+def test_the_tiny_held_out_set_is_new_to_the_warm_start_and_to_grpo(tiny_cfg):
+    """data/zero_shot_tiny.jsonl holds sentences that neither GRPO (data.train_file) nor the warm start trains on;
+    data/zero_shot_tiny_seen.jsonl holds GRPO training sentences. The warm start's texts are drawn as stage -1
+    draws them (the tiny profile's warm_start options, its alphabet) and decoded back to text."""
+    import random
+
+    from grpo.config import load_config
+    from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.model.prepare import codebook_texts
+    from grpo.model.warm_start import DEFAULTS, chinese_characters, make_example
+    from reward_server.codebook import Codebook
+
+    cfg = load_config([])          # the tiny profile as `bash run.sh` runs it
+    read = lambda path: [json.loads(x) for x in open(path, encoding="utf-8") if x.strip()]  # noqa: E731
+    train = {r["text"] for r in read(cfg.data.train_file)}
+    held_out, seen = read("data/zero_shot_tiny.jsonl"), read(cfg.eval.extra_sets[0].data_path)
+    assert len(held_out) >= 20 and {x["split"] for x in held_out} == {"held_out"}
+    assert not {x["text"] for x in held_out} & train
+    assert len(seen) >= 20 and {x["split"] for x in seen} == {"seen"} and {x["text"] for x in seen} <= train
+
+    built = tiny_cfg()
+    tokenizer = load_cosyvoice_yaml(built.model.cosyvoice_dir, skip=["llm", "flow", "hift"])["get_tokenizer"]()
+    codebook = Codebook.load(built.reward.codebook.path)
+    ws = cfg.model.tiny.warm_start
+    opts = {**DEFAULTS, **{k: v for k, v in ws.items() if k not in ("steps", "batch_size", "lr")}}
+    rows = [(r["text"], r.get("language", "zh")) for r in read(cfg.data.train_file)]
+    chars = chinese_characters(codebook_texts(cfg))
+    rng = random.Random(0)
+    drawn = {tokenizer.decode(make_example(rows, chars, codebook, tokenizer, rng, opts)[0].tolist())
+             for _ in range(3000)}
+    sentences = train | {x["text"] for x in held_out} | {r["text"] for r in read(cfg.data.val_file)}
+    assert len(drawn) > 2900 and not drawn & sentences             # random strings, never a sentence
+    assert {ch for x in held_out for ch in x["text"] if "\u4e00" <= ch <= "\u9fff"} <= set(chars)   # taught to read

@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,8 +25,8 @@ from grpo.config import resolve_path
 log = logging.getLogger(__name__)
 
 BUILD_STAMP = ".tiny_build.json"
-TINY_BUILD_VERSION = 3      # bump when grpo.model.tiny builds differently (2: SenseVoice BPE with its tag pieces,
-                            # 3: a campplus.onnx stand-in)
+TINY_BUILD_VERSION = 4      # bump when grpo.model.tiny builds differently (2: SenseVoice BPE with its tag pieces,
+                            # 3: a campplus.onnx stand-in, 4: warm start on random strings of every character)
 
 
 def _read_rows(paths) -> list[dict]:
@@ -52,17 +55,41 @@ def _stamp(cfg: DictConfig) -> str:
     """What the tiny build depends on: its sizes, the codebook settings and the data the tokenizers learn from."""
     h = hashlib.sha256(f"v{TINY_BUILD_VERSION}".encode())
     h.update(json.dumps(OmegaConf.to_container(cfg.model.tiny, resolve=True), sort_keys=True).encode())
-    h.update(json.dumps(OmegaConf.to_container(cfg.reward.codebook, resolve=True), sort_keys=True).encode())
-    for p in cfg.reward.codebook.sources:
+    book = {k: v for k, v in OmegaConf.to_container(cfg.reward.codebook, resolve=True).items() if k != "path"}
+    h.update(json.dumps(book, sort_keys=True).encode())      # (not where it lies: another exp dir shares the stamp)
+    for p in [*cfg.reward.codebook.sources, cfg.data.train_file]:      # (the warm start reads the train file)
         p = resolve_path(p)
         h.update(p.read_bytes() if p.exists() else b"")
     return h.hexdigest()[:16]
 
 
+def warm_start_cached(cfg: DictConfig, cv_dir: Path, codebook, stamp: str) -> dict:
+    """The warm start of llm.pt, or its copy from model.tiny.cache_dir (keyed by the build stamp, which covers
+    every input of the build: a second exp dir, a rerun after `rm -rf exp`, or the next test session reuses it)."""
+    from grpo.model.warm_start import warm_start
+
+    tiny, ws = cfg.model.tiny, cfg.model.tiny.warm_start
+    cached = Path(os.path.expanduser(tiny.cache_dir)) / f"tiny-llm-{stamp}.pt" if tiny.get("cache_dir") else None
+    if cached and cached.exists() and cached.with_suffix(".json").exists():
+        shutil.copyfile(cached, cv_dir / "llm.pt")
+        log.info("warm start: the warm-started LLM of this build from %s (model.tiny.cache_dir)", cached)
+        return json.loads(cached.with_suffix(".json").read_text())
+    options = {k: v for k, v in OmegaConf.to_container(ws, resolve=True).items() if k not in ("steps", "batch_size", "lr")}
+    train_rows = _read_rows([cfg.data.train_file])
+    stats = warm_start(cv_dir, codebook, [(r["text"], r.get("language", "zh")) for r in train_rows],
+                       ws.steps, ws.batch_size, ws.lr, tiny.seed, alphabet=codebook_texts(cfg), **options)
+    if cached:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        shutil.copyfile(cv_dir / "llm.pt", tmp)
+        cached.with_suffix(".json").write_text(json.dumps(stats))
+        os.replace(tmp, cached)                     # whole or absent: a killed copy leaves no half file
+    return stats
+
+
 def build_tiny(cfg: DictConfig) -> None:
     from grpo.model import tiny as tiny_models
     from grpo.model.tiny_eval_asr import build_paraformer_dir, build_whisper_dir
-    from grpo.model.warm_start import warm_start
     from reward_server.token2wav import tiny_speakers
 
     cv_dir, sv_dir = resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.sensevoice_dir)
@@ -82,13 +109,7 @@ def build_tiny(cfg: DictConfig) -> None:
     torch.save(tiny_speakers(cfg.reward.prompt_speakers.num_tiny, tiny.seed, speech_token_size=tiny.speech_token_size),
                resolve_path(cfg.reward.prompt_speakers.features))
 
-    ws = tiny.warm_start
-    if ws.steps > 0:
-        train_rows = _read_rows([cfg.data.train_file])
-        stats = warm_start(cv_dir, codebook, [(r["text"], r.get("language", "zh")) for r in train_rows],
-                           ws.steps, ws.batch_size, ws.lr, tiny.seed)
-    else:
-        stats = {}
+    stats = warm_start_cached(cfg, cv_dir, codebook, stamp) if tiny.warm_start.steps > 0 else {}
     stamp_file.write_text(json.dumps({"stamp": stamp, "warm_start": stats}, indent=2))
 
 

@@ -1,8 +1,12 @@
 """Tiny profile only: a short supervised pass of CosyVoice's own `Qwen2LM` on synthetic-codebook targets.
 
 Real GRPO starts from a pretrained CosyVoice2; a random tiny LLM would start from noise. This pass
-(CosyVoice's own training forward and loss) makes it a mediocre speaker of the codebook language, so
-GRPO has something to improve. Texts are sometimes concatenated, as zero-shot prompts are.
+(CosyVoice's own training forward and loss) makes it a mediocre reader of the codebook language, so GRPO
+has something to improve. With `random_text_prob=1` (the tiny profile) every example is a random string
+of the codebook's characters (and some punctuation), never a sentence: the model must learn to read,
+which it does after a phase change (~1000 steps of 32 strings for a 2-layer, 4-head LLM: README), and
+sentences of the held-out set are new to it. Otherwise texts are sometimes concatenated, as zero-shot
+prompts are.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ def make_example(texts, chars, codebook, tokenizer, rng: random.Random, cfg: dic
     while True:
         text, language = rng.choice(texts)
         if language == "zh" and rng.random() < cfg["random_text_prob"]:
-            text = "".join(rng.choice(chars) for _ in range(rng.randint(cfg.get("min_len", 4), cfg.get("max_len", 16))))
+            text = "".join(rng.choice(PUNCTUATION) if rng.random() < cfg["punctuation_prob"] else rng.choice(chars)
+                           for _ in range(rng.randint(cfg["min_len"], cfg["max_len"])))
         elif rng.random() < cfg["concat_prob"]:
             other, other_lang = rng.choice(texts)
             if other_lang == language:
@@ -33,7 +38,13 @@ def make_example(texts, chars, codebook, tokenizer, rng: random.Random, cfg: dic
             speech = codebook.tokens_for_text(text, language, rng, cfg["silence_prob"], cfg["canonical_prob"])
         except KeyError:   # a reading out of context that the codebook does not know: draw again
             continue
-        return torch.tensor(tokenizer.encode(text)), torch.tensor(speech)
+        if speech:         # (a string of punctuation alone says nothing)
+            return torch.tensor(tokenizer.encode(text)), torch.tensor(speech)
+
+
+def chinese_characters(texts: list[tuple[str, str]]) -> list[str]:
+    """The characters random strings are drawn from: every Chinese character of the (zh) texts."""
+    return sorted({ch for text, lang in texts if lang == "zh" for ch in text if "\u4e00" <= ch <= "\u9fff"})
 
 
 def collate(examples):
@@ -43,8 +54,9 @@ def collate(examples):
             "speech_token_len": torch.tensor([len(s) for s in speech])}
 
 
-DEFAULTS = {"random_text_prob": 0.0, "concat_prob": 0.0, "silence_prob": 0.05, "canonical_prob": 0.9,
-            "init_speech_from_text": True}
+DEFAULTS = {"random_text_prob": 0.0, "min_len": 4, "max_len": 16, "punctuation_prob": 0.0, "concat_prob": 0.0,
+            "silence_prob": 0.05, "canonical_prob": 0.9, "init_speech_from_text": True}
+PUNCTUATION = "，。"
 
 
 @torch.no_grad()
@@ -67,8 +79,9 @@ def init_speech_embeddings(llm, tokenizer, codebook, texts) -> int:
 
 
 def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], steps: int, batch_size: int,
-               lr: float, seed: int, **options) -> dict:
-    """Train llm.pt in place; returns the last loss and token accuracy."""
+               lr: float, seed: int, alphabet: list[tuple[str, str]] | None = None, **options) -> dict:
+    """Train llm.pt in place; returns the last loss and token accuracy. Random strings are drawn from the
+    Chinese characters of `alphabet` (texts whose characters the codebook speaks; default `texts`)."""
     from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
 
     model_dir = Path(model_dir)
@@ -78,13 +91,14 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
     llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)
     tokenizer = configs["get_tokenizer"]()
     opts = {**DEFAULTS, **options}
+    alphabet = alphabet or texts
     if opts["init_speech_from_text"]:
-        init_speech_embeddings(llm, tokenizer, codebook, texts)
+        init_speech_embeddings(llm, tokenizer, codebook, alphabet)
     llm.train()
     optim = torch.optim.AdamW(llm.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=lr, total_steps=steps, pct_start=0.1)
     rng = random.Random(seed)
-    chars = sorted({ch for text, lang in texts if lang == "zh" for ch in text if "\u4e00" <= ch <= "\u9fff"})
+    chars = chinese_characters(alphabet)
     stats = {}
     for step in (bar := tqdm(range(steps), desc="warm start (tiny LLM)", mininterval=2)):
         batch = collate([make_example(texts, chars, codebook, tokenizer, rng, opts) for _ in range(batch_size)])
