@@ -92,3 +92,18 @@ def test_render_rebuilds_the_report_from_the_tsvs(tmp_path):
     empty = subprocess.run([*cmd[:4], f"eval.out_dir={tmp_path / 'none'}"], cwd=REPO_ROOT, capture_output=True,
                            text=True)
     assert empty.returncode == 1 and "run stage 4 first" in empty.stderr
+
+
+def test_summary_prints_each_extra_set(tmp_path, capsys):
+    """`python -m grpo.evaluate.report summary` (what `bash run.sh` ends with): the main set, then each of
+    eval.extra_sets from its own folder."""
+    import json
+
+    for d, (base, last) in {tmp_path: (0.5, 0.3), tmp_path / "seen": (0.4, 0.1)}.items():
+        d.mkdir(exist_ok=True)
+        (d / "report.json").write_text(json.dumps({"base": {"cer": base}, "step_200": {"cer": last}}))
+    assert report.main(["summary", f"eval.out_dir={tmp_path}", "eval.extra_sets=[{name: seen, data_path: x}]"]) == 0
+    out = capsys.readouterr().out
+    main, seen = out.split("seen set:")
+    assert "final CER 0.3000 (step_200; -0.2000 (-40.0%) vs base)" in main
+    assert "final CER 0.1000 (step_200; -0.3000 (-75.0%) vs base)" in seen

@@ -243,7 +243,13 @@ def main(argv: list[str]) -> int:
             return 1
         render(out_dir, names, e)
         return print_summary(out_dir)
-    return print_summary(out_dir) if args.action == "summary" else check(out_dir, args.max_ratio)
+    if args.action == "check":
+        return check(out_dir, args.max_ratio)
+    status = print_summary(out_dir)
+    for extra in e.get("extra_sets") or []:            # (eval.extra_sets: each set's report in its own folder)
+        print(f"{extra.name} set:")
+        print_summary(out_dir / extra.name)
+    return status
 
 
 def unit_of(e) -> str:
