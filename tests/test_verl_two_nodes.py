@@ -40,7 +40,11 @@ class TwoNodeCluster:
 
     def __init__(self, temp_dir: Path, port: int, nodes: int = 2):
         self.temp_dir, self.address = temp_dir, f"127.0.0.1:{port}"
-        self.env = {**os.environ, "RAY_memory_usage_threshold": "0.98"}
+        # Serve's proxies prefer a replica on their own node (ray 2.60.0 serve/_private/constants.py,
+        # RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING, read by every proxy from its raylet's environment): both
+        # proxies here share 127.0.0.1:port, so which replica scored hung on the kernel's connection hashing
+        # (CI saw all 32 samples of an attempt on one). Off, each proxy spreads over both replicas (README).
+        self.env = {**os.environ, "RAY_memory_usage_threshold": "0.98", "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0"}
         common = ["--num-cpus=8", "--num-gpus=1", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
         ray = str(Path(sys.executable).with_name("ray"))
         head = ["--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
