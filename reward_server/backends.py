@@ -54,7 +54,7 @@ class SyntheticBackend:
         from reward_server.codebook import Codebook, SyntheticVoices
 
         self.codebook = Codebook.load(codebook_path)
-        self.voices = SyntheticVoices(self.codebook.speech_token_size, num_speakers, self.codebook.seed)
+        self.voices = SyntheticVoices.of(self.codebook, num_speakers)
         log.warning("SYNTHETIC reward backend: transcripts come from a fixed codebook, not from audio "
                     "(%d units, %d tokens). For the tiny profile and tests only.",
                     len(self.codebook.units), self.codebook.speech_token_size)

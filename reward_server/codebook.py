@@ -130,6 +130,11 @@ class SyntheticVoices:
         self.token_vectors = gen.standard_normal((speech_token_size, dim))
         self.speaker_vectors = gen.standard_normal((num_speakers, dim))
 
+    @classmethod
+    def of(cls, codebook: "Codebook", num_speakers: int) -> "SyntheticVoices":
+        """The voices of a codebook's tokens (seeded by the codebook), as the synthetic reward hears them."""
+        return cls(codebook.speech_token_size, num_speakers, codebook.seed)
+
     @property
     def num_speakers(self) -> int:
         return len(self.speaker_vectors)

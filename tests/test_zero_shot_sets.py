@@ -65,7 +65,7 @@ def test_the_tiny_held_out_set_is_new_to_the_warm_start_and_to_grpo(tiny_cfg):
     from grpo.config import load_config
     from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
     from grpo.model.prepare import codebook_texts
-    from grpo.model.warm_start import DEFAULTS, chinese_characters, make_example
+    from grpo.model.warm_start import DEFAULTS, chinese_characters, example_options, make_example
     from reward_server.codebook import Codebook
 
     cfg = load_config([])          # the tiny profile as `bash run.sh` runs it
@@ -80,7 +80,7 @@ def test_the_tiny_held_out_set_is_new_to_the_warm_start_and_to_grpo(tiny_cfg):
     tokenizer = load_cosyvoice_yaml(built.model.cosyvoice_dir, skip=["llm", "flow", "hift"])["get_tokenizer"]()
     codebook = Codebook.load(built.reward.codebook.path)
     ws = cfg.model.tiny.warm_start
-    opts = {**DEFAULTS, **{k: v for k, v in ws.items() if k not in ("steps", "batch_size", "lr")}}
+    opts = {**DEFAULTS, **example_options(ws)}
     rows = [(r["text"], r.get("language", "zh")) for r in read(cfg.data.train_file)]
     chars = chinese_characters(codebook_texts(cfg))
     rng = random.Random(0)

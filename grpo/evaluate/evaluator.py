@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from grpo.evaluate import cer, report
-from grpo.evaluate.html_report import SYNTHETIC_JUDGES
+from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
 from grpo.checkpoint_selection import select_checkpoints
 from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
 from grpo.text_frontend import llm_text_ids, normalize
@@ -28,8 +28,6 @@ from grpo.evaluate.test_sets import ZeroShotItem, load_set
 from reward_server.backends import speaker_index
 
 log = logging.getLogger(__name__)
-
-SYNTHETIC_SPEAKER = "synthetic"     # eval.speaker_model: the synthetic reward's SIM (SyntheticVoices), no audio
 
 
 @dataclass
@@ -124,9 +122,7 @@ class Evaluator:
         if self.e.speaker_model == SYNTHETIC_SPEAKER:      # the reward's own stand-in, read from the tokens
             from reward_server.codebook import SyntheticVoices
 
-            book = self._judge("synthetic")      # the same voices as reward_server.backends.SyntheticBackend
-            self.synthetic_voices = SyntheticVoices(book.speech_token_size, cfg.reward.prompt_speakers.num_tiny,
-                                                    book.seed)
+            self.synthetic_voices = SyntheticVoices.of(self._judge("synthetic"), cfg.reward.prompt_speakers.num_tiny)
         elif self.e.speaker_model:
             from grpo.evaluate.speaker_similarity import SpeakerSimilarity
             from reward_server.token2wav import load_wav_16k

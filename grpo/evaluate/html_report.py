@@ -49,6 +49,7 @@ if (hash.get('click')) document.querySelector(`th[data-key="${hash.get('click')}
 
 
 SYNTHETIC_JUDGES = ("synthetic", "synthetic_alt")    # they "hear" units (pinyin syllables, words), not text
+SYNTHETIC_SPEAKER = "synthetic"     # eval.speaker_model: the synthetic reward's SIM (SyntheticVoices), no audio
 
 
 def marked(reference: str, hypothesis: str, language: str, units: bool = False) -> str:

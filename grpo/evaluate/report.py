@@ -22,6 +22,7 @@ from pathlib import Path
 
 from grpo.evaluate import stats
 from grpo.evaluate.cer import mean_error_rate
+from grpo.evaluate.html_report import SYNTHETIC_SPEAKER
 
 # tokens: speech tokens generated; wav: the audio's path relative to eval.out_dir ("" when none was written)
 TSV_HEADER = ["id", "sample", "language", "reference", "transcript", "error_rate", "tokens", "sim", "wav"]
@@ -124,7 +125,7 @@ def _ci(ci) -> str:
 def speaker_note(speaker_model: str | None) -> str:
     if not speaker_model:
         return "SIM: not computed (eval.speaker_model unset)."
-    if speaker_model == "synthetic":
+    if speaker_model == SYNTHETIC_SPEAKER:
         return ("SIM: the synthetic reward's stand-in (SyntheticVoices: the tokens' mean voice vector against the "
                 "item's speaker), read from the tokens; no audio.")
     return (f"SIM: cosine of speaker embeddings by {Path(speaker_model).name} (CosyVoice2's CAM++ verifier when "

@@ -33,8 +33,8 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def readable(text: str) -> bool:
-    """Chinese characters and the warm start's punctuation only: what the tiny LLM was taught to read (no
-    digits or Latin letters, which the codebook speaks as other units)."""
+    """Chinese characters (what the tiny LLM was taught to read) and sentence punctuation (which the codebook
+    does not speak) only: no digits or Latin letters, which the codebook speaks as other units."""
     return all("\u4e00" <= ch <= "\u9fff" or ch in "，。？！" for ch in text)
 
 

@@ -66,7 +66,7 @@ def _stamp(cfg: DictConfig) -> str:
 def warm_start_cached(cfg: DictConfig, cv_dir: Path, codebook, stamp: str) -> dict:
     """The warm start of llm.pt, or its copy from model.tiny.cache_dir (keyed by the build stamp, which covers
     every input of the build: a second exp dir, a rerun after `rm -rf exp`, or the next test session reuses it)."""
-    from grpo.model.warm_start import warm_start
+    from grpo.model.warm_start import example_options, warm_start
 
     tiny, ws = cfg.model.tiny, cfg.model.tiny.warm_start
     cached = Path(os.path.expanduser(tiny.cache_dir)) / f"tiny-llm-{stamp}.pt" if tiny.get("cache_dir") else None
@@ -74,7 +74,7 @@ def warm_start_cached(cfg: DictConfig, cv_dir: Path, codebook, stamp: str) -> di
         shutil.copyfile(cached, cv_dir / "llm.pt")
         log.info("warm start: the warm-started LLM of this build from %s (model.tiny.cache_dir)", cached)
         return json.loads(cached.with_suffix(".json").read_text())
-    options = {k: v for k, v in OmegaConf.to_container(ws, resolve=True).items() if k not in ("steps", "batch_size", "lr")}
+    options = example_options(OmegaConf.to_container(ws, resolve=True))
     train_rows = _read_rows([cfg.data.train_file])
     stats = warm_start(cv_dir, codebook, [(r["text"], r.get("language", "zh")) for r in train_rows],
                        ws.steps, ws.batch_size, ws.lr, tiny.seed, alphabet=codebook_texts(cfg), **options)

@@ -59,6 +59,11 @@ DEFAULTS = {"random_text_prob": 0.0, "min_len": 4, "max_len": 16, "punctuation_p
 PUNCTUATION = "，。"
 
 
+def example_options(warm_start_cfg: dict) -> dict:
+    """model.tiny.warm_start without the optimiser's keys (steps, batch_size, lr): how examples are drawn."""
+    return {k: v for k, v in warm_start_cfg.items() if k not in ("steps", "batch_size", "lr")}
+
+
 @torch.no_grad()
 def init_speech_embeddings(llm, tokenizer, codebook, texts) -> int:
     """Start each unit's speech-token embeddings at the mean text embedding of the characters read
