@@ -1,5 +1,6 @@
 # GPU image for real runs of cosyvoice-grpo: verl 0.9.1 with the vLLM/torch versions it declares
-# (requirements/gpu.txt), Ray Serve, funasr and CosyVoice's code (requirements/common.txt, nodeps.txt).
+# (requirements/gpu.txt), Ray Serve, funasr (requirements/common.txt, nodeps.txt) and upstream CosyVoice at the
+# pinned commit (grpo/upstream.py).
 # No entrypoint: run stages inside, e.g.
 #   docker run --gpus all --shm-size 32g -v $PWD/exp:/workspace/cosyvoice-grpo/exp IMAGE bash run.sh -1 5 profile=cosyvoice2
 # Not built on the CPU-only development machines (no Docker engine there); CI lints it with hadolint.
@@ -28,5 +29,8 @@ RUN pip install -c requirements/gpu-lock.txt -r requirements/gpu.txt -r requirem
     && rm -rf "$site/tests" "$site/recipe" "$site/scripts" "$site/tutorial"
 
 COPY . .
+# CosyVoice's code: upstream at the commit grpo/upstream.py pins, with its Matcha-TTS submodule, cloned into
+# $COSYVOICE_CACHE and put on the venv's path (the same code path as `bash run.sh setup`; it checks every file).
 # run.sh looks for a set-up venv at $VENV; this image's venv is complete
-RUN pip install --no-deps -e . && touch /opt/venv/.setup-stamp
+ENV COSYVOICE_CACHE=/opt/cosyvoice-upstream
+RUN pip install --no-deps -e . && python -m grpo.upstream install && touch /opt/venv/.setup-stamp

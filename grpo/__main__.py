@@ -7,6 +7,7 @@ import logging
 import sys
 
 from grpo.config import load_config, setup_logging
+from grpo.upstream import UpstreamError, check_imported
 
 # stage name -> module with `run(cfg)`
 STAGES = {
@@ -29,6 +30,11 @@ def main(argv: list[str]) -> int:
     stage, overrides = argv[0], argv[1:]
     if stage not in STAGES:
         print(f"unknown stage {stage!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        check_imported()           # CosyVoice's code is upstream's at the pinned commit, unedited (grpo/upstream.py)
+    except UpstreamError as exc:
+        print(f"[grpo] {exc}", file=sys.stderr)
         return 2
     setup_logging()
     cfg = load_config(overrides)

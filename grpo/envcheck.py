@@ -5,7 +5,9 @@ import sys
 
 REQUIRED = [
     "torch", "transformers", "verl.trainer.ppo.core_algos", "vllm", "ray.serve", "funasr",
-    "cosyvoice.llm.llm", "cosyvoice.flow.flow", "cosyvoice.hifigan.generator", "hyperpyyaml",
+    # upstream CosyVoice at the pinned commit (grpo/upstream.py): both families' LM, flow, HiFT and entry classes
+    "cosyvoice.llm.llm", "cosyvoice.flow.flow", "cosyvoice.flow.DiT.dit", "cosyvoice.hifigan.generator",
+    "cosyvoice.cli.cosyvoice", "cosyvoice.cli.model", "hyperpyyaml",
     "wetext", "pypinyin", "jiwer", "datasets", "hydra", "httpx", "sentencepiece", "torchaudio",
     # what verl's main_ppo (v1 task runner) imports: a missing one fails here, not on a cluster
     "transfer_queue", "verl.trainer.main_ppo", "verl.trainer.ppo.v1", "verl.experimental.agent_loop",
@@ -19,6 +21,13 @@ REQUIRED = [
 
 
 def main() -> int:
+    from grpo.upstream import UpstreamError, check_imported
+
+    try:
+        check_imported()
+    except UpstreamError as exc:
+        print(f"[envcheck] {exc}", file=sys.stderr)
+        return 1
     failed = []
     for name in REQUIRED:
         try:

@@ -1,63 +1,50 @@
-"""CosyVoice's text frontend, in one place: normalise a text as `CosyVoiceFrontEnd.text_normalize` does, and build
-the LLM's text ids as `frontend_zero_shot` + `Qwen2LM.inference` do (prompt text and target text tokenized
-separately, then concatenated: BPE never merges across the join).
+"""CosyVoice's text frontend, in one place: normalise a text with upstream's own `CosyVoiceFrontEnd.text_normalize`
+(the pinned commit, grpo/upstream.py), and build the LLM's text ids as `frontend_zero_shot` + `Qwen2LM.inference`
+do (prompt text and target text tokenized separately, then concatenated: BPE never merges across the join).
 
-Shim (token2wav-cosyvoice 0.1.0, `cosyvoice/cli/frontend.py`, `CosyVoiceFrontEnd.__init__`): the lines that set
-`self.use_ttsfrd` and the WeTextProcessing normalisers are commented out (`# self.use_ttsfrd = use_ttsfrd`), so
-`text_normalize` raises AttributeError. `normalizer()` builds a frontend without its ONNX sessions (text
-normalisation needs only the tokenizer) and sets those attributes as the commented lines would, with wetext
-(WeTextProcessing's runtime) in place of `tn`: zh with remove_erhua=False, full_to_half=False; en defaults;
-inflect for numbers. `check_shim()` fails loudly when the pinned file changes.
+The frontend is upstream's class built by its own `__init__` -- so it picks the normaliser upstream picks: ttsfrd
+where installed, else wetext (`Normalizer(remove_erhua=False)` for Chinese, `Normalizer()` for English) -- with
+the tokenizer the released yaml names (`get_qwen_tokenizer(token_path=CosyVoice-BlankEN, skip_special_tokens=True)`).
+Text needs neither of its two ONNX sessions (speaker encoder, speech tokenizer), so they are given a one-node
+stand-in model; a text holding `<|...|>` is left as is, as upstream leaves it.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-from functools import lru_cache
+import tempfile
+from functools import lru_cache, partial
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SHIMMED_VERSION = "0.1.0"
-SHIMMED_LINE = "# self.use_ttsfrd = use_ttsfrd"
 
+@lru_cache(maxsize=1)
+def _stand_in_onnx() -> str:
+    """A one-node ONNX model (Identity) for the frontend's two sessions, which text normalisation never runs."""
+    import onnx
+    from onnx import TensorProto, helper
 
-class FrontendShimOutdated(RuntimeError):
-    """The pinned CosyVoice frontend changed: re-check grpo/text_frontend.py's shim."""
-
-
-def check_shim() -> None:
-    from importlib.metadata import version
-
-    from cosyvoice.cli.frontend import CosyVoiceFrontEnd
-
-    installed = version("token2wav-cosyvoice")
-    if installed != SHIMMED_VERSION or SHIMMED_LINE not in inspect.getsource(CosyVoiceFrontEnd.__init__):
-        raise FrontendShimOutdated(f"token2wav-cosyvoice {installed}: cosyvoice/cli/frontend.py no longer contains "
-                                   f"{SHIMMED_LINE!r} (shimmed for {SHIMMED_VERSION}); see grpo/text_frontend.py")
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "unused",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    path = Path(tempfile.mkdtemp(prefix="cosyvoice-grpo-")) / "unused.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    return str(path)
 
 
 @lru_cache(maxsize=4)
 def normalizer(blank_dir: str):
-    """A CosyVoiceFrontEnd that can run `text_normalize` (CosyVoice's tokenizer from `blank_dir`)."""
-    import inflect
+    """Upstream's CosyVoiceFrontEnd for text (`text_normalize`, `tokenizer`), CosyVoice's tokenizer from `blank_dir`."""
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
-    from wetext import Normalizer
 
-    check_shim()
     if not (Path(blank_dir) / "vocab.json").exists():
         raise FileNotFoundError(f"data.frontend_tokenizer_dir={blank_dir}: no CosyVoice tokenizer there (run stage -1 "
                                 f"first, or set data.text_frontend=false)")
-    frontend = object.__new__(CosyVoiceFrontEnd)      # no campplus / speech-tokenizer sessions: text only
-    frontend.tokenizer = get_qwen_tokenizer(blank_dir, skip_special_tokens=True)
-    frontend.allowed_special = "all"
-    frontend.use_ttsfrd = False
-    frontend.zh_tn_model = Normalizer(lang="zh", operator="tn", remove_erhua=False, full_to_half=False)
-    frontend.en_tn_model = Normalizer(lang="en", operator="tn")
-    frontend.inflect_parser = inflect.engine()
-    return frontend
+    unused = _stand_in_onnx()
+    return CosyVoiceFrontEnd(partial(get_qwen_tokenizer, token_path=str(blank_dir), skip_special_tokens=True), None,
+                             unused, unused, "", "all")
 
 
 def normalize(text: str, blank_dir: str) -> str:

@@ -210,11 +210,14 @@ def tiny_prompt_features(item_id: str, prompt_tokens: list[int]) -> dict:
 
 
 def cosyvoice_frontend(model_dir: str | Path):
-    """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips."""
+    """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips, as `CosyVoice2`
+    builds it (cosyvoice/cli/cosyvoice.py); it reads the clips itself (grpo.shims.torchaudio_load)."""
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
 
     from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.shims import torchaudio_load
 
+    torchaudio_load()
     model_dir = Path(model_dir)
     configs = load_cosyvoice_yaml(model_dir, skip=["llm", "flow", "hift"])
     for name in ("campplus.onnx", "speech_tokenizer_v2.onnx"):
@@ -225,11 +228,12 @@ def cosyvoice_frontend(model_dir: str | Path):
 
 
 def speakers_from_clips(model_dir: str | Path, clips: list[dict]) -> dict:
-    """spk2info entries for {text, wav} prompt clips, computed once with CosyVoice's frontend."""
+    """spk2info entries for {text, wav} prompt clips, computed once with CosyVoice's frontend (as its
+    `add_zero_shot_spk` does)."""
     frontend = cosyvoice_frontend(model_dir)
     speakers = {}
     for k, clip in enumerate(clips):
-        features = frontend.frontend_zero_shot("", clip["text"], load_wav_16k(clip["wav"]), SAMPLE_RATE, "")
+        features = frontend.frontend_zero_shot("", clip["text"], str(clip["wav"]), SAMPLE_RATE, "")
         features.pop("text", None)
         features.pop("text_len", None)
         speakers[clip.get("id", f"speaker_{k}")] = {name: v.cpu() if torch.is_tensor(v) else v

@@ -1,4 +1,5 @@
-"""Conversion llm.pt <-> HF, with CosyVoice's own classes (Qwen2LM, QwenTokenizer) as the reference."""
+"""Conversion llm.pt <-> HF, with upstream CosyVoice's own classes at the pinned commit (Qwen2LM, CosyVoice3LM,
+CosyVoice2Tokenizer) as the reference."""
 
 import json
 import math
@@ -207,32 +208,32 @@ def test_tokenizer_keeps_speech_tokens_and_matches_cosyvoice_input(tiny_cfg):
 
 
 def test_cosyvoice3_layout_converts_exactly_and_round_trips(tiny_cfg, tmp_path):
-    """The token2wav-cosyvoice package has no CosyVoice3LM; build its layout (speech_embedding and a
-    bias-free llm_decoder of S+200 rows, no llm_embedding) on CosyVoice2's Qwen2 body."""
+    """Upstream's own CosyVoice3LM (speech_embedding and a bias-free llm_decoder of S+200 rows, no llm_embedding;
+    sos = S, task_id = S+2 from speech_embedding) on the tiny Qwen2 body, random weights."""
+    from cosyvoice.llm.llm import CosyVoice3LM
+    from cosyvoice.utils.common import ras_sampling
+
     src = Path(tiny_cfg().model.cosyvoice_dir)
     dst = tmp_path / "cv3"
     shutil.copytree(src, dst)
-    sd = torch.load(dst / "llm.pt", weights_only=True)
-    S, H = sd["speech_embedding.weight"].shape[0] - 3, sd["speech_embedding.weight"].shape[1]
-    g = torch.Generator().manual_seed(3)
-    del sd["llm_embedding.weight"], sd["llm_decoder.bias"]
-    sd["speech_embedding.weight"] = torch.randn(S + 200, H, generator=g)
-    sd["llm_decoder.weight"] = torch.randn(S + 200, H, generator=g) * 0.1
+    base = load_cosyvoice_yaml(dst, skip=["flow", "hift"])["llm"]
+    S, H = base.speech_token_size, base.llm_input_size
+    torch.manual_seed(3)
+    llm = CosyVoice3LM(H, H, S, base.llm, ras_sampling)
+    with torch.no_grad():
+        llm.llm_decoder.weight.normal_(0, 0.1)
+    sd = llm.state_dict()
+    assert "llm_embedding.weight" not in sd and sd["speech_embedding.weight"].shape[0] == S + 200
     torch.save(sd, dst / "llm.pt")
     summary = cosyvoice_to_hf(dst, tmp_path / "hf3")
     assert summary["family"] == "cosyvoice3" and summary["decoder_bias"] is False
     vocab = SpeechVocab.load(tmp_path / "hf3")
-    assert vocab.sos_token_id == vocab.speech_token_offset + S and vocab.task_id_token_id == vocab.speech_token_offset + S + 2
-    # reference forward: Qwen2 body of a Qwen2LM, CosyVoice3's sos/task rows from speech_embedding
-    llm = load_cosyvoice_yaml(dst, skip=["flow", "hift"])["llm"]
-    llm.llm_decoder = torch.nn.Linear(H, S + 200, bias=False)
-    llm.speech_embedding = torch.nn.Embedding(S + 200, H)
-    del llm.llm_embedding
-    llm.load_state_dict(sd, strict=True)
+    assert vocab.sos_token_id == vocab.speech_token_offset + llm.sos
+    assert vocab.task_id_token_id == vocab.speech_token_offset + llm.task_id
     llm.eval()
     text, speech, ids = random_case(vocab, 4)
-    ref = F.log_softmax(cosyvoice_logits(llm, text, speech, llm.speech_embedding.weight[S],
-                                         llm.speech_embedding.weight[S + 2]), -1)
+    ref = F.log_softmax(cosyvoice_logits(llm, text, speech, llm.speech_embedding.weight[llm.sos],
+                                         llm.speech_embedding.weight[llm.task_id]), -1)
     T, rows = vocab.speech_token_offset, vocab.num_speech_rows
     model = hf_model(tmp_path / "hf3")
     out = F.log_softmax(hf_logits(None, ids, model), -1)

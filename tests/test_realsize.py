@@ -228,3 +228,59 @@ def test_the_chinese_judge_is_the_model_seed_tts_eval_loads():
     assert modelscope_repo(cfg.model.modelscope.paraformer) == \
         "iic/speech_seaco_paraformer_large_asr_nat-zh-cn-16k-common-vocab8404-pytorch"
     assert modelscope_repo("iic/SenseVoiceSmall") == "iic/SenseVoiceSmall"      # an id passes unchanged
+
+
+@pytest.mark.slow
+@pytest.mark.realsize
+def test_the_released_layout_runs_in_upstreams_cosyvoice2_and_our_stages_equal_it(realsize_cfg):
+    """Upstream's own entry class `CosyVoice2(model_dir)` (cosyvoice/cli/cosyvoice.py at the pinned commit) loads the
+    realsize build, and is the reference for what the stages compute from the same directory: text normalisation,
+    the zero-shot LLM input (prompt and target tokenized apart), the prompt's speaker features (its frontend on the
+    real AISHELL clips) and token2wav (batched here, per utterance there, the same seeds)."""
+    import numpy as np
+    from cosyvoice.cli.cosyvoice import CosyVoice2
+    from transformers import AutoTokenizer
+
+    from grpo.evaluate.evaluator import build_inputs, prompt_features
+    from grpo.evaluate.test_sets import ZeroShotItem
+    from grpo.model.speech_vocab import SpeechVocab
+    from grpo.shims import torchaudio_load
+    from grpo.text_frontend import normalize
+    from reward_server.token2wav import Token2Wav
+
+    cfg = realsize_cfg
+    torchaudio_load()
+    cv = CosyVoice2(str(cfg.model.cosyvoice_dir))
+    blank = Path(cfg.model.cosyvoice_dir) / "CosyVoice-BlankEN"
+    for text in MIXED_TEXTS:
+        assert normalize(text, blank) == cv.frontend.text_normalize(text, split=False), text
+    clips = [json.loads(line) for line in Path(cfg.reward.prompt_speakers.clips).read_text().splitlines()]
+    items = [ZeroShotItem(f"u{i}", c["text"], target, prompt_wav=c["wav"])
+             for i, (c, target) in enumerate(zip(clips, ["CosyVoice 2.0 在 2024 年发布。", "今天天气很好"]))]
+    feats = prompt_features(items, cfg)
+    tok, vocab = AutoTokenizer.from_pretrained(cfg.model.hf_dir), SpeechVocab.load(cfg.model.hf_dir)
+    ours = build_inputs(items, feats, tok, vocab, llm_prompt=True, frontend_dir=str(blank))
+    refs = []
+    for it, x in zip(items, ours):
+        # CosyVoice2.inference_zero_shot: normalised prompt, the target's one segment, frontend_zero_shot
+        prompt = cv.frontend.text_normalize(it.prompt_text, split=False)
+        (segment,) = cv.frontend.text_normalize(it.text, split=True)
+        ref = cv.frontend.frontend_zero_shot(segment, prompt, it.prompt_wav, cv.sample_rate, "")
+        refs.append(ref)
+        # Qwen2LM.inference: [sos, prompt text + text, task_id, prompt speech]
+        assert x["input_ids"] == [vocab.sos_token_id, *ref["prompt_text"][0].tolist(), *ref["text"][0].tolist(),
+                                  vocab.task_id_token_id, *vocab.to_hf_ids(ref["llm_prompt_speech_token"][0].tolist())]
+        for key in ("flow_prompt_speech_token", "llm_prompt_speech_token", "prompt_speech_feat", "flow_embedding"):
+            assert torch.equal(feats[it.id][key], ref[key].cpu()), key
+    # token2wav: 30 and 45 random tokens on each item's prompt, batched vs upstream's per-utterance path
+    gen = torch.Generator().manual_seed(5)
+    tokens = [torch.randint(0, 6561, (n,), generator=gen).tolist() for n in (30, 45)]
+    wavs = Token2Wav(cfg.model.cosyvoice_dir).batch(tokens, [feats[it.id] for it in items], seeds=[7, 8])
+    for i, (tok_i, ref) in enumerate(zip(tokens, refs)):
+        cv.model.hift_cache_dict[f"u{i}"] = None
+        torch.manual_seed(7 + i)
+        with torch.inference_mode():
+            want = cv.model.token2wav(torch.tensor([tok_i]), ref["flow_prompt_speech_token"], ref["prompt_speech_feat"],
+                                      ref["flow_embedding"], token_offset=0, uuid=f"u{i}", stream=False, finalize=True)
+        assert wavs[i].shape == (want.shape[1],)
+        np.testing.assert_allclose(wavs[i], want[0].numpy(), rtol=0, atol=1e-3)

@@ -70,6 +70,31 @@ def test_batched_flow_equals_cosyvoices_own_inference(tiny_cfg):
         torch.testing.assert_close(mel, ref[0], rtol=1e-4, atol=1e-4)
 
 
+def test_batched_token2wav_equals_upstreams_per_utterance_token2wav(tiny_cfg):
+    """Token2Wav.batch (flow in one padded pass, HiFT per utterance, seeded) against upstream's own
+    `CosyVoice2Model.token2wav` (cosyvoice/cli/model.py, non-streaming, finalize) on the same modules and seeds."""
+    import torch
+    from cosyvoice.cli.model import CosyVoice2Model
+
+    from reward_server.token2wav import Token2Wav, tiny_speakers
+
+    t2w = Token2Wav(tiny_cfg().model.cosyvoice_dir)
+    reference = CosyVoice2Model(None, t2w.flow, t2w.hift, fp16=False)
+    speakers = list(tiny_speakers(2, 3).values())
+    g = torch.Generator().manual_seed(2)
+    tokens = [torch.randint(0, 6561, (n,), generator=g).tolist() for n in (33, 8, 51)]
+    spk = [speakers[i % 2] for i in range(3)]
+    ours = t2w.batch(tokens, spk, seeds=[11, 12, 13])
+    for i, (tok, s) in enumerate(zip(tokens, spk)):
+        reference.hift_cache_dict[f"u{i}"] = None
+        torch.manual_seed(11 + i)
+        with torch.inference_mode():
+            wav = reference.token2wav(torch.tensor([tok]), s["flow_prompt_speech_token"], s["prompt_speech_feat"],
+                                      s["flow_embedding"], token_offset=0, uuid=f"u{i}", stream=False, finalize=True)
+        assert ours[i].shape == (wav.shape[1],)
+        np.testing.assert_allclose(ours[i], wav[0].numpy(), rtol=0, atol=1e-4)
+
+
 def test_length_buckets_by_hand():
     from reward_server.token2wav import length_buckets
 

@@ -46,7 +46,7 @@ class Scored:
 
 def prompt_features(items: list[ZeroShotItem], cfg: DictConfig) -> dict[str, dict]:
     """Each item's own prompt: speech tokens for the LLM, and flow conditioning (tokens, mel, speaker)."""
-    from reward_server.token2wav import cosyvoice_frontend, load_wav_16k, tiny_prompt_features
+    from reward_server.token2wav import SAMPLE_RATE, cosyvoice_frontend, tiny_prompt_features
 
     feats = {}
     if cfg.model.frontend == "tiny":
@@ -59,7 +59,7 @@ def prompt_features(items: list[ZeroShotItem], cfg: DictConfig) -> dict[str, dic
     for it in tqdm(items, desc="prompt features", mininterval=5):
         if not it.prompt_wav:
             raise ValueError(f"item {it.id}: needs prompt_wav for the CosyVoice frontend")
-        f = frontend.frontend_zero_shot("", it.prompt_text, load_wav_16k(it.prompt_wav), 24000, "")
+        f = frontend.frontend_zero_shot("", it.prompt_text, str(it.prompt_wav), SAMPLE_RATE, "")
         feats[it.id] = {k: v.cpu() for k, v in f.items() if torch.is_tensor(v)}
     return feats
 

@@ -43,11 +43,11 @@ def load_cosyvoice_yaml(model_dir: str | Path, skip: Iterable[str] = ()) -> dict
 
 
 def cosyvoice_text_tokenizer(model_dir: str | Path):
-    """The text tokenizer exactly as CosyVoice builds it: its own QwenTokenizer (Qwen's BPE of
+    """The text tokenizer exactly as CosyVoice builds it: its own CosyVoice2Tokenizer (Qwen's BPE of
     CosyVoice-BlankEN plus CosyVoice's special tokens). `model_dir` may be the model dir or BlankEN itself."""
-    from cosyvoice.tokenizer.tokenizer import QwenTokenizer
+    from cosyvoice.tokenizer.tokenizer import CosyVoice2Tokenizer
 
     blank = Path(model_dir)
     if (blank / BLANK_DIR).is_dir():
         blank = blank / BLANK_DIR
-    return QwenTokenizer(token_path=str(blank), skip_special_tokens=True).tokenizer
+    return CosyVoice2Tokenizer(token_path=str(blank), skip_special_tokens=True).tokenizer

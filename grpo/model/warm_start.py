@@ -88,11 +88,13 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
     """Train llm.pt in place; returns the last loss and token accuracy. Random strings are drawn from the
     Chinese characters of `alphabet` (texts whose characters the codebook speaks; default `texts`)."""
     from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.shims import qwen2lm_any_width
 
     model_dir = Path(model_dir)
     torch.manual_seed(seed)
     configs = load_cosyvoice_yaml(model_dir, skip=["flow", "hift"])
     llm = configs["llm"]
+    qwen2lm_any_width(llm)                      # upstream's training forward assumes the released width
     llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)
     tokenizer = configs["get_tokenizer"]()
     opts = {**DEFAULTS, **options}
