@@ -116,7 +116,7 @@ def test_ras_rollouts_are_reweighted_by_verls_truncated_token_is(tiny_cfg, synth
     assert len(seen) == 1 and seen[0][2] is not None, "the off-policy update ran without IS weights"
     mb, old_logp, weights = seen[0]
     assert "rollout_actor_kl" in metrics and metrics["rollout_actor_kl"] > 0
-    P, stops, clipped, checked = mb.prompt_width, trainer.vocab.stop_token_ids, 0, 0
+    P, masked, clipped, checked = mb.prompt_width, trainer.vocab.min_len_masked_id, 0, 0
     for i in range(len(mb.responses)):
         n = int(mb.response_mask[i].sum())
         prompt = mb.input_ids[i, :P][mb.attention_mask[i, :P].bool()].tolist()
@@ -128,7 +128,7 @@ def test_ras_rollouts_are_reweighted_by_verls_truncated_token_is(tiny_cfg, synth
         text = next(r for r in trainer.records if r["prompt_ids"] == prompt)["prompt"][-1]["content"]
         min_len = len(trainer.tokenizer.encode(text, add_special_tokens=False))      # ratio 1
         for t in range(0, n, 4):   # every 4th token: the closed form is slow in Python
-            want = ras_probs(logits[t], resp[:t], RASConfig(), stops, forbid_stop=t < min_len)[resp[t]].log()
+            want = ras_probs(logits[t], resp[:t], RASConfig(), masked if t < min_len else None)[resp[t]].log()
             assert float(mb.rollout_logp[i, t]) == pytest.approx(float(want), abs=2e-3), (i, t)
             checked += 1
         expected = torch.clamp((old - mb.rollout_logp[i, :n]).exp(), max=2.0)

@@ -176,6 +176,7 @@ def test_agent_loop_bounds_each_item_and_validates_with_the_evaluations_decoding
         ["grpo.model.ras_logits:CosyVoiceRAS"]
     loop, calls = recording_agent_loop(cfg, config)
     cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
+    eos_row = SpeechVocab.load(cfg.model.hf_dir).stop_token_ids[0]     # CosyVoice2's row S: held back before min_len
     greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": False}     # verl's val_kwargs
     texts = ["今天天气很好。", "我们一起去公园散步吧，然后回家吃饭。" * 3, "好"]
     for text in texts:
@@ -190,7 +191,7 @@ def test_agent_loop_bounds_each_item_and_validates_with_the_evaluations_decoding
         else:
             assert (params["temperature"], params["top_k"], params["top_p"], params["min_tokens"]) == (1, -1, 1, 0)
             assert params["extra_args"]["cosyvoice_ras"] == {"top_p": 0.8, "top_k": 25, "win_size": 10, "tau_r": 0.1,
-                                                             "min_tokens": min(n, 64)}
+                                                             "min_tokens": min(n, 64), "min_len_masked_id": eos_row}
             assert params["max_tokens"] == min(3 * n, 64)
     assert 5 * len(cosy.encode(texts[1])) > 64                        # the long line hits the ceiling
 

@@ -158,7 +158,8 @@ class Evaluator:
         sample j of item i has seed request_seed(eval.seed, j, i), the same for every checkpoint."""
         self.engine.load_weights_from(model_dir)
         params = [[self.engine.speech_params(n=1, seed=request_seed(self.e.seed, j, i), **sampling_kwargs(
-            self.e.decoding, x["min_tokens"], x["max_tokens"], self.e.temperature, self.e.top_p, self.e.top_k))
+            self.e.decoding, x["min_tokens"], x["max_tokens"], self.e.temperature, self.e.top_p, self.e.top_k,
+            min_len_masked_id=self.vocab.min_len_masked_id))
             for i, x in enumerate(self.inputs)] for j in range(self.e.num_samples)]
         flat = self.engine.run(self.prompts * self.e.num_samples, [q for row in params for q in row])
         n = len(self.inputs)

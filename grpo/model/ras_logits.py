@@ -15,7 +15,7 @@ from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from grpo.decoding import RAS_KEY, RASConfig, ras_probs
 
-_FIELDS = {"top_p", "top_k", "win_size", "tau_r", "min_tokens"}
+_FIELDS = {"top_p", "top_k", "win_size", "tau_r", "min_tokens", "min_len_masked_id"}
 
 
 class CosyVoiceRAS(AdapterLogitsProcessor):
@@ -49,10 +49,11 @@ class CosyVoiceRAS(AdapterLogitsProcessor):
             return None
         cfg = RASConfig(top_p=float(args["top_p"]), top_k=int(args["top_k"]), win_size=int(args["win_size"]),
                         tau_r=float(args["tau_r"]))
-        min_tokens, stop_ids = int(args["min_tokens"]), tuple(params.stop_token_ids or ())
+        min_tokens, masked_id = int(args["min_tokens"]), int(args["min_len_masked_id"])
 
         def apply(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-            probs = ras_probs(logits, list(output_ids), cfg, stop_ids, forbid_stop=len(output_ids) < min_tokens)
+            held_back = masked_id if len(output_ids) < min_tokens else None
+            probs = ras_probs(logits, list(output_ids), cfg, masked_id=held_back)
             return probs.log().to(logits.dtype)    # log 0 = -inf: never sampled
 
         return apply

@@ -52,6 +52,12 @@ class SpeechVocab:
         """Rows of CosyVoice's speech_embedding / llm_decoder (speech tokens + control rows)."""
         return self.speech_token_size + EXTRA_SPEECH_ROWS[self.family]
 
+    @property
+    def min_len_masked_id(self) -> int:
+        """The id CosyVoice holds back before min_len: row `speech_token_size` of its decoder (`Qwen2LM.sampling_ids`
+        at the pinned commit), i.e. CosyVoice2's first end-of-speech id and CosyVoice3's sos."""
+        return self.speech_token_offset + self.speech_token_size
+
     def allowed_token_ids(self) -> list[int]:
         """What rollouts may sample: every speech token and the stop ids."""
         first = self.speech_token_offset

@@ -77,7 +77,8 @@ class VLLMRollout:
         for seed, (lo, hi) in zip(seeds, bounds, strict=True):
             length = capped(lo, hi, sampling.max_tokens)
             kwargs = sampling_kwargs(sampling.decoding, length["min_tokens"], length["max_tokens"],
-                                     sampling.temperature, sampling.top_p, sampling.top_k)
+                                     sampling.temperature, sampling.top_p, sampling.top_k,
+                                     min_len_masked_id=self.vocab.min_len_masked_id)
             params.append(self.speech_params(n=sampling.n, seed=seed, **kwargs, **extra))
         return params
 

@@ -42,7 +42,7 @@ def speech_sampling_params(sampling_params: dict[str, Any], vocab: SpeechVocab) 
 
 
 def bounded_sampling_params(sampling_params: dict[str, Any], decoding, text_tokens: int, validate: bool,
-                            response_length: int) -> dict[str, Any]:
+                            response_length: int, vocab: SpeechVocab) -> dict[str, Any]:
     """The item's CosyVoice length bounds (`min_tokens`/`max_tokens`, capped at verl's response_length); a
     validation item is decoded as the evaluation decodes (`decoding.validation`), not with verl's greedy
     val_kwargs. `decoding` is the launcher's `grpo_decoding` node of main_ppo's config."""
@@ -52,7 +52,8 @@ def bounded_sampling_params(sampling_params: dict[str, Any], decoding, text_toke
     params = dict(sampling_params)
     if validate or spec.get("preset", "plain") != "plain":
         params.update(sampling_kwargs(spec.preset, capped_len["min_tokens"], capped_len["max_tokens"],
-                                      spec.temperature, spec.top_p, spec.top_k))
+                                      spec.temperature, spec.top_p, spec.top_k,
+                                      min_len_masked_id=vocab.min_len_masked_id))
     else:   # plain training: verl's own temperature / top_p / top_k (rollout config), the item's bounds
         params.update(capped_len)
     return params
@@ -72,7 +73,7 @@ class SpeechTokenAgentLoop(SingleTurnAgentLoop):
             params = bounded_sampling_params(
                 params, self.decoding,
                 text_token_count(self.tokenizer, extra_info.get("normalized_text") or extra_info["text"]), validate,
-                response_length=int(self.config.actor_rollout_ref.rollout.response_length))
+                response_length=int(self.config.actor_rollout_ref.rollout.response_length), vocab=self.vocab)
         output = await super().run(params, **kwargs)
         # what this request was sent with, for the reward function's component log (checkable per sample)
         output.extra_fields["sampling"] = {"validate": validate, "min_tokens": params.get("min_tokens"),
