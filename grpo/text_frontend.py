@@ -2,6 +2,11 @@
 (the pinned commit, grpo/upstream.py), and build the LLM's text ids as `frontend_zero_shot` + `Qwen2LM.inference`
 do (prompt text and target text tokenized separately, then concatenated: BPE never merges across the join).
 
+`CosyVoice2.inference_zero_shot` normalises the two texts differently: the prompt text with `split=False`, the
+target with `split=True`, whose segments end in punctuation (a Chinese text without it gains "。", an English
+one "."). Upstream then synthesises each segment on its own; a target of several segments (Chinese past ~80
+characters) is one LLM input here, its segments joined (`target_segments` tells how many there were).
+
 The frontend is upstream's class built by its own `__init__` -- so it picks the normaliser upstream picks: ttsfrd
 where installed, else wetext (`Normalizer(remove_erhua=False)` for Chinese, `Normalizer()` for English) -- with
 the tokenizer the released yaml names (`get_qwen_tokenizer(token_path=CosyVoice-BlankEN, skip_special_tokens=True)`).
@@ -47,8 +52,18 @@ def normalizer(blank_dir: str):
                              unused, unused, "", "all")
 
 
+def target_segments(text: str, blank_dir: str) -> list[str]:
+    """What `inference_zero_shot` synthesises for a target text: `text_normalize(text, split=True)`."""
+    return normalizer(str(blank_dir)).text_normalize(text, split=True)
+
+
 def normalize(text: str, blank_dir: str) -> str:
-    """CosyVoice's `text_normalize(text, split=False)`: one normalised string (its segments joined)."""
+    """A target text (training text, an evaluation item's text) as CosyVoice feeds it: its segments joined."""
+    return "".join(target_segments(text, blank_dir))
+
+
+def normalize_prompt(text: str, blank_dir: str) -> str:
+    """A prompt text as `inference_zero_shot` feeds it: `text_normalize(text, split=False)`."""
     return normalizer(str(blank_dir)).text_normalize(text, split=False)
 
 

