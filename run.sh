@@ -11,7 +11,8 @@
 # Usage:
 #   bash run.sh                          the whole pipeline on the tiny profile (sets up .venv if missing)
 #   bash run.sh setup                    create/update .venv
-#   bash run.sh test [pytest args]       the test suite
+#   bash run.sh test [pytest args]       the test suite (slow tests opt-in: -m slow)
+#   bash run.sh test fast [pytest args]  the unit tier: no server, vLLM engine, verl or model past the tiny one (~3 min)
 #   bash run.sh START STOP [key=value]   stages START..STOP with Hydra overrides, e.g.
 #                                        bash run.sh 0 0 data.train_file=my.jsonl
 #                                        bash run.sh -1 5 profile=cosyvoice2
@@ -39,6 +40,10 @@ case "${1:-}" in
     # slow tests are opt-in: the default marker is "not slow"; a -m of the caller's replaces it
     # (bash run.sh test -m slow; -m "" for everything)
     marker=(-m "not slow")
+    if [ "${1:-}" = fast ]; then
+      shift
+      marker=(-m "not slow and not server and not vllm and not verl and not realsize and not fullsize")
+    fi
     for arg in "$@"; do
       case "$arg" in -m|-m*|--markexpr|--markexpr=*) marker=() ;; esac
     done

@@ -8,7 +8,7 @@ Each shape runs in a fresh process (the peak RSS is a process high-water mark): 
   (what verl's actor and reference compute for every rollout),
 - update: the same with gradients, a policy-gradient style loss and backward (what each PPO micro-batch does).
 Prints JSON: per shape the peak above the loaded model, in GiB, and a least-squares fit peak = a + b x tokens,
-which the README's GPU memory plan scales to bfloat16 (arithmetic shown there).
+which docs/memory-plan.md scales to bfloat16 (arithmetic shown there).
 """
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ def main(argv: list[str]) -> int:
         return 0
     rows = []
     for shape in args.shapes:
-        b, l = shape.split("x")
+        b, length = shape.split("x")
         for mode in ("logprob", "update"):
-            proc = subprocess.run([sys.executable, __file__, "--hf-dir", args.hf_dir, "--child", b, l, mode],
+            proc = subprocess.run([sys.executable, __file__, "--hf-dir", args.hf_dir, "--child", b, length, mode],
                                   capture_output=True, text=True)
             if proc.returncode:
                 print(proc.stderr[-2000:], file=sys.stderr)

@@ -1,12 +1,14 @@
 """The cosyvoice2 reward backend at the real model sizes: CosyVoice2-0.5B's flow and HiFT and SenseVoiceSmall's
-encoder (512 wide, 50 + 20 blocks) at the realsize profile's sizes (conf/profile/realsize.yaml), built from their configs with random weights -- nothing is downloaded. It measures
+encoder (512 wide, 50 + 20 blocks) at the realsize profile's sizes (conf/profile/realsize.yaml), built from their
+configs with random weights -- nothing is downloaded. It measures
 samples/s one item at a time vs batched (length buckets), fp32 vs bf16 autocast, and peak memory.
 
     .venv/bin/python benchmarks/gpu_reward.py                         # a GPU: 64 items of 150 tokens (6 s)
     .venv/bin/python benchmarks/gpu_reward.py --items 2 --tokens 25   # the CPU smoke CI runs
 
 Random weights make the work real (every layer runs at its size) and the transcripts meaningless; the
-SenseVoice vocabulary is padded to the released 25,055 pieces. Needs only torch and this repository's pure-Python dependencies. The last line is JSON.
+SenseVoice vocabulary is padded to the released 25,055 pieces. Needs only torch and this repository's pure-Python
+dependencies. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ REALSIZE = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "pro
 
 def build_models(root: Path, texts: list[str]) -> tuple[Path, Path]:
     """flow.pt + hift.pt + cosyvoice2.yaml, and a SenseVoiceSmall directory, all at the real sizes."""
-    from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
-    from grpo.model.released_layout import write_cosyvoice_yaml
-    from grpo.model.tiny import build_sensevoice_dir
+    from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.standins.released_layout import write_cosyvoice_yaml
+    from grpo.standins.tiny import build_sensevoice_dir
 
     cv_dir, sv_dir = root / "CosyVoice2-0.5B", root / "SenseVoiceSmall"
     cv_dir.mkdir(parents=True)
@@ -82,9 +84,10 @@ def main() -> None:
     parser.add_argument("--dtypes", default=None, help="comma list; default float32,bfloat16 (CUDA) or float32")
     args = parser.parse_args()
     from grpo.config import REPO_ROOT
-    from reward_server.asr import FunASR
+    from grpo.speech.asr import FunASR
+    from grpo.speech.token2wav import Token2Wav
+    from grpo.standins.tiny_speakers import tiny_speakers
     from reward_server.backends import CosyVoice2Backend, ScoreItem
-    from reward_server.token2wav import Token2Wav, tiny_speakers
 
     dtypes = (args.dtypes or ("float32,bfloat16" if args.device == "cuda" else "float32")).split(",")
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data" / "zh_train.jsonl").read_text().splitlines()]

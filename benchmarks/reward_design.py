@@ -1,4 +1,4 @@
-"""Reward designs compared on the tiny profile's held-out set (README, "Reward designs on the tiny profile").
+"""Reward designs compared on the tiny profile's held-out set (docs/tiny-profile.md, "Reward designs").
 
 Each design runs the whole pipeline (`bash run.sh -1 4`: the warm-started base comes from the
 model.tiny.cache_dir cache, so every run starts from the same policy) once per GRPO seed, into
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from grpo.config import REPO_ROOT
+from grpo.layout import EvalDir
 
 MIXED = ["reward.weights.sim=0.2", "reward.weights.duration=0.2"]
 DESIGNS = {
@@ -47,8 +48,8 @@ def run_one(design: str, seed: int) -> Path:
 
 
 def figures(exp: Path) -> dict:
-    held_out = json.loads((exp / "eval" / "report.json").read_text())
-    seen = json.loads((exp / "eval" / "seen" / "report.json").read_text())
+    held_out = json.loads(EvalDir(exp / "eval").report_json.read_text())
+    seen = json.loads(EvalDir(exp / "eval" / "seen").report_json.read_text())
     last = next(k for k in reversed(held_out) if k != "base")
     r = held_out[last]
     return {"checkpoint": last, "base_cer": held_out["base"]["cer"], "cer": r["cer"],

@@ -15,8 +15,8 @@ import time
 import torch
 
 from grpo.config import load_config
-from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
 from grpo.model.speech_vocab import SpeechVocab
+from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
 
 
 def tokens_per_s(engine, prompts, sampling, seed) -> float:
@@ -33,7 +33,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(hf)
     vocab = SpeechVocab.load(hf)
     texts = [json.loads(line)["text"] for line in open("data/zh_train.jsonl", encoding="utf-8")][:8]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True, return_dict=False) for t in texts]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True, return_dict=False)
+               for t in texts]
     sampling = SamplingConfig(n=8, temperature=1.0, max_tokens=96)
     engines = {"vllm": VLLMRollout(hf, vocab, max_model_len=512),
                "transformers": TransformersRollout(AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32), vocab,

@@ -1,4 +1,4 @@
-"""Scoring throughput (reward_server.scoring): sentence pairs per second on one core.
+"""Scoring throughput (grpo.speech.scoring): sentence pairs per second on one core.
 
 Pairs: the shipped Chinese sentences (median 13 characters; 9% hold digits, dates or symbols that need
 text normalisation) against ASR-like hypotheses: the reference in spoken form (numbers as words, as
@@ -22,7 +22,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from grpo.config import REPO_ROOT  # noqa: E402
-from reward_server import scoring  # noqa: E402
+from grpo.speech import scoring  # noqa: E402
 
 
 def corrupt(text: str, chars: list[str], rng: random.Random) -> str:

@@ -129,8 +129,8 @@ def main() -> None:
         server = serve(args, args.batch, Path(tmp) / "batched.log")
         try:
             rates["reference"], results["reference"] = timed(lambda its: reference(server.url, its), items)
-            rates["ours"], results["ours"] = timed(lambda its: ours(server.url, its, args.request_items, args.in_flight),
-                                                   items)
+            rates["ours"], results["ours"] = timed(
+                lambda its: ours(server.url, its, args.request_items, args.in_flight), items)
         finally:
             server.stop()
         server = serve(args, 1, Path(tmp) / "sequential.log")

@@ -8,14 +8,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from grpo.layout import TrainDir
+
 STEP = re.compile(r"^step_(\d+)$")
 
 
 def trained_checkpoints(cfg: DictConfig) -> dict[str, Path]:
     """HF checkpoints by name, ascending by step; merged verl checkpoints win over local ones of a step."""
     found: dict[int, Path] = {}
-    for sub in ("checkpoints", "merged"):
-        root = Path(cfg.train.out_dir) / sub
+    files = TrainDir(cfg.train.out_dir)
+    for root in (files.local_checkpoints, files.merged):
         if root.is_dir():
             for p in root.iterdir():
                 m = STEP.match(p.name)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf

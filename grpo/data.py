@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from grpo.config import resolve_path
-from grpo.text_frontend import normalize
+from grpo.speech.text_frontend import normalize
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class DataError(ValueError):
 
 def sample_id(text: str, language: str) -> str:
     """Stable id for a line without one: the same text and language always give the same id."""
-    return hashlib.sha1(f"{language}\t{text}".encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha1(f"{language}\t{text}".encode()).hexdigest()[:16]
 
 
 def read_jsonl(path: str | Path, cfg: DictConfig) -> tuple[list[dict], list[Problem]]:
@@ -197,8 +197,8 @@ def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | N
         if not rows and not bad:
             problems.append(Problem(str(path), 0, "no data lines"))
         elif split == "train" and not bad and not dup_problems and len(rows) < min_train_rows:
-            problems.append(Problem(str(path), 0, f"{len(rows)} usable prompt(s), fewer than one batch "
-                                                  f"(train.batch_size={min_train_rows}): lower the batch size or add data"))
+            problems.append(Problem(str(path), 0, f"{len(rows)} usable prompt(s), fewer than one batch (train."
+                                                  f"batch_size={min_train_rows}): lower the batch size or add data"))
         all_records[split] = to_records(rows, cfg, split)
     if problems:
         raise DataError(problems)

@@ -13,9 +13,9 @@ import os
 import time
 import uuid
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-import ray
 from ray import serve
 
 from reward_server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -55,7 +55,7 @@ class RewardServer:
         r = conf.reward
         self.backend = build_backend(conf, device="cuda" if r.gpus_per_replica > 0 else "cpu")
         self.limits = limits_from(cfg["reward"])
-        from reward_server.components import RewardSpec
+        from grpo.speech.components import RewardSpec
 
         self.scoring = dict(mapping=r.scoring.mapping, scale=r.scoring.scale, ignore_tones=r.scoring.ignore_tones,
                             spec=RewardSpec.from_config(r))
@@ -160,7 +160,8 @@ class RewardServer:
             in_flight.dec(len(items))
         self.metrics.request(200, time.perf_counter() - start)
         return {"results": [r.as_result(it.id) if isinstance(r, ItemFailure)
-                            else {**r, "status": "ok", "replica": self.replica, "node": self.node} for it, r in zip(items, results)]}
+                            else {**r, "status": "ok", "replica": self.replica, "node": self.node}
+                            for it, r in zip(items, results)]}
 
     def _internal_error(self, during: str, start: float) -> JSONResponse:
         request_id = uuid.uuid4().hex[:12]
@@ -172,7 +173,8 @@ class RewardServer:
     @api.get("/health")
     def health(self):
         body = {"status": "ok" if self.healthy() else "unhealthy", "backend": self.backend.name,
-                "replica": self.replica, "node": self.node, "pid": os.getpid(), "consecutive_failures": self.consecutive_failures}
+                "replica": self.replica, "node": self.node, "pid": os.getpid(),
+                "consecutive_failures": self.consecutive_failures}
         return JSONResponse(body, status_code=200 if self.healthy() else 503)
 
     @api.get("/metrics")

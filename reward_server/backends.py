@@ -3,7 +3,7 @@
 - `cosyvoice2`: CosyVoice's token2wav (prompt speaker chosen from the sample id, so the same id
   always gets the same speaker), 24 -> 16 kHz, then ASR (SenseVoice) on the whole batch.
 - `synthetic`: the seeded codebook look-up (tiny profile and tests; no audio involved).
-Both give a speaker similarity per item when asked for (reward_server/components.py).
+Both give a speaker similarity per item when asked for (grpo/speech/components.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from reward_server import scoring
-from reward_server.components import RewardSpec, combine, duration_score
-from reward_server.token2wav import stable_hash
+from grpo.speech import scoring
+from grpo.speech.components import RewardSpec, combine, duration_score
+from grpo.speech.speakers import speaker_index, stable_hash
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,6 @@ class Transcript:
     sim: float | None = None                # similarity to the item's prompt speaker, when computed
 
 
-def speaker_index(item_id: str, count: int) -> int:
-    """The prompt speaker of a sample: fixed by its id, so a GRPO group shares one speaker."""
-    return stable_hash(item_id) % count
-
-
 class Backend(Protocol):
     name: str
 
@@ -51,7 +46,7 @@ class SyntheticBackend:
     name = "synthetic"
 
     def __init__(self, codebook_path, num_speakers: int = 4):
-        from reward_server.codebook import Codebook, SyntheticVoices
+        from grpo.speech.codebook import Codebook, SyntheticVoices
 
         self.codebook = Codebook.load(codebook_path)
         self.voices = SyntheticVoices.of(self.codebook, num_speakers)
@@ -75,7 +70,7 @@ class CosyVoice2Backend:
     name = "cosyvoice2"
 
     def __init__(self, token2wav, speakers: dict, asr, verifier=None):
-        from reward_server.asr import ASR_SAMPLE_RATE
+        from grpo.speech.asr import ASR_SAMPLE_RATE
 
         self.token2wav, self.asr, self.verifier = token2wav, asr, verifier
         self.speaker_names = sorted(speakers)
@@ -87,7 +82,7 @@ class CosyVoice2Backend:
 
     def synthesize(self, items: list[ScoreItem]) -> list:
         """16 kHz audio: the flow runs on the whole batch, HiFT per item, each seeded by its id."""
-        from reward_server.token2wav import resample
+        from grpo.speech.token2wav import resample
 
         wavs = self.token2wav.batch([list(it.tokens) for it in items],
                                     [self.speakers[self.speaker_for(it.id)] for it in items],
@@ -135,14 +130,14 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
     if r.backend == "synthetic":
         return SyntheticBackend(r.codebook.path, r.prompt_speakers.num_tiny)
     if r.backend == "cosyvoice2":
-        from reward_server.asr import build_asr
-        from reward_server.speakers import load_speakers
-        from reward_server.token2wav import Token2Wav
+        from grpo.speech.asr import build_asr
+        from grpo.speech.speakers import load_speakers
+        from grpo.speech.token2wav import Token2Wav
 
         speakers = load_speakers(r.prompt_speakers.features)    # built by stage -1, once, in the driver
         verifier = None
         if "sim" in RewardSpec.from_config(r).active:        # a model run per item: only when it counts
-            from grpo.evaluate.speaker_similarity import SpeakerSimilarity
+            from grpo.speech.speaker_similarity import SpeakerSimilarity
 
             verifier = SpeakerSimilarity(r.sim.model)
         t2w = Token2Wav(cfg.model.cosyvoice_dir, device, r.token2wav.dtype, r.token2wav.max_frames_per_batch)

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from grpo.config import load_config
+from grpo.layout import server_log
 
 
 def wait_healthy(url: str, timeout_s: float, pid: int | None = None, auth_token: str | None = None) -> None:
@@ -58,7 +59,7 @@ class ServerProcess:
                                      cwd=REPO_ROOT, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
-    def wait(self, auth_token: str | None = None, timeout_s: float = 240) -> "ServerProcess":
+    def wait(self, auth_token: str | None = None, timeout_s: float = 240) -> ServerProcess:
         try:
             wait_healthy(self.url, timeout_s, self.proc.pid, auth_token)
         except Exception:
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(overrides)
     if args.action == "logfile":
-        path = Path(cfg.exp_dir) / "server.log"
+        path = server_log(cfg.exp_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         print(path)
         return 0

@@ -13,8 +13,8 @@ import json
 import reprlib
 from dataclasses import dataclass
 
+from grpo.speech.scoring import LANGUAGES, text_to_units
 from reward_server.backends import ScoreItem
-from reward_server.scoring import LANGUAGES, text_to_units
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import threading
 
 from omegaconf import DictConfig
 
+from grpo import cluster_check
 from grpo.config import REPO_ROOT
-from grpo.train import cluster_check
 
 log = logging.getLogger("reward_server")
 APP_NAME = "reward"

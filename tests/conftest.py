@@ -41,7 +41,7 @@ from grpo.config import REPO_ROOT, load_config  # noqa: E402
 # greedy decoder shows, so an update would change nothing visible), and nothing written to ~
 FAST_TINY = ["model.tiny.warm_start.steps=40", "model.tiny.warm_start.batch_size=16", "model.tiny.warm_start.lr=3e-3",
              "model.tiny.warm_start.random_text_prob=0", "model.tiny.cache_dir=null",
-             "eval.extra_sets=[]"]     # (the profile's second set: tests/test_tiny_eval.py, and CI's `bash run.sh`)
+             "eval.extra_sets=[]"]     # (the profile's 2nd set: tests/evaluate/test_tiny_eval.py, CI's `bash run.sh`)
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +87,7 @@ def synthetic_server(tiny_exp, tmp_path_factory):
 
 
 def speaker_embedding_by_hand(wav16k):
-    """The tiny speaker verifier (grpo.model.released_layout.RandomSpeakerEncoder, seed 0) recomputed independently:
+    """The tiny speaker verifier (grpo.standins.released_layout.RandomSpeakerEncoder, seed 0) recomputed independently:
     kaldi-native-fbank features (a second fbank implementation), mean-normalised, a seed-0 Linear(80, 192),
     RMS pooling."""
     import kaldi_native_fbank as knf

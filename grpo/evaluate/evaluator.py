@@ -17,15 +17,16 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from grpo.evaluate import cer, report
-from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
 from grpo.checkpoint_selection import select_checkpoints
 from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
-from grpo.text_frontend import llm_text_ids, normalize_prompt, target_segments
-from grpo.train.local_engine import request_seed
-from grpo.model.speech_vocab import SpeechVocab
+from grpo.evaluate import cer, report
+from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
 from grpo.evaluate.test_sets import ZeroShotItem, load_set
-from reward_server.backends import speaker_index
+from grpo.layout import EvalDir
+from grpo.model.speech_vocab import SpeechVocab
+from grpo.speech.speakers import speaker_index
+from grpo.speech.text_frontend import llm_text_ids, normalize_prompt, target_segments
+from grpo.train.local_engine import request_seed
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ class Scored:
 
 def prompt_features(items: list[ZeroShotItem], cfg: DictConfig) -> dict[str, dict]:
     """Each item's own prompt: speech tokens for the LLM, and flow conditioning (tokens, mel, speaker)."""
-    from reward_server.token2wav import SAMPLE_RATE, cosyvoice_frontend, tiny_prompt_features
+    from grpo.speech.token2wav import SAMPLE_RATE, cosyvoice_frontend
+    from grpo.standins.tiny_speakers import tiny_prompt_features
 
     feats = {}
     if cfg.model.frontend == "tiny":
@@ -69,7 +71,7 @@ def build_inputs(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool =
     """Per item, what the LLM is fed: the (normalised) texts, the input ids and the target's token count.
 
     As CosyVoice's `inference_zero_shot` + `Qwen2LM.inference`: each text through the frontend's
-    `text_normalize` (the target's segments joined, grpo.text_frontend; `frontend_dir`: CosyVoice's tokenizer
+    `text_normalize` (the target's segments joined, grpo.speech.text_frontend; `frontend_dir`: CosyVoice's tokenizer
     dir; None: raw), prompt text and target text
     tokenized separately and concatenated inside sos ... task_id, then the prompt's speech tokens
     (llm_prompt=True, zero-shot). llm_prompt=False is its cross-lingual input: the LLM sees the target alone."""
@@ -79,7 +81,9 @@ def build_inputs(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool =
         text = "".join(segments)
         if len(segments) > 1:
             several.append(it.id)
-        prompt = (normalize_prompt(it.prompt_text, frontend_dir) if frontend_dir else it.prompt_text) if llm_prompt else ""
+        prompt = ""
+        if llm_prompt:
+            prompt = normalize_prompt(it.prompt_text, frontend_dir) if frontend_dir else it.prompt_text
         ids = [vocab.sos_token_id, *llm_text_ids(tokenizer, text, prompt), vocab.task_id_token_id]
         if llm_prompt:
             ids += vocab.to_hf_ids(feats[it.id]["llm_prompt_speech_token"].flatten().tolist())
@@ -118,7 +122,7 @@ class Evaluator:
         audio_judges = [j for j in [self.e.asr, *extra_judges(self.e)] if j not in SYNTHETIC_JUDGES]
         hears_speaker = self.e.speaker_model and self.e.speaker_model != SYNTHETIC_SPEAKER
         if self.e.write_wavs or audio_judges or hears_speaker:
-            from reward_server.token2wav import Token2Wav
+            from grpo.speech.token2wav import Token2Wav
 
             self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, "cuda" if torch.cuda.is_available() else "cpu")
         if self.e.num_samples < 1:
@@ -127,12 +131,12 @@ class Evaluator:
         self.judges = {n: self._judge(n) for n in [self.e.asr, *self.extra]}
         self.sim = self.synthetic_voices = None
         if self.e.speaker_model == SYNTHETIC_SPEAKER:      # the reward's own stand-in, read from the tokens
-            from reward_server.codebook import SyntheticVoices
+            from grpo.speech.codebook import SyntheticVoices
 
             self.synthetic_voices = SyntheticVoices.of(self._judge("synthetic"), cfg.reward.prompt_speakers.num_tiny)
         elif self.e.speaker_model:
-            from grpo.evaluate.speaker_similarity import SpeakerSimilarity
-            from reward_server.token2wav import load_wav_16k
+            from grpo.speech.speaker_similarity import SpeakerSimilarity
+            from grpo.speech.token2wav import load_wav_16k
 
             self.sim = SpeakerSimilarity(self.e.speaker_model)
             self.prompt_wavs = {it.id: load_wav_16k(it.prompt_wav)[0].numpy() for it in items if it.prompt_wav}
@@ -142,12 +146,12 @@ class Evaluator:
     def _judge(self, name: str):
         """An ASR by name: a transcribe(wavs, languages) model, or a Codebook (synthetic judges read tokens)."""
         if name in SYNTHETIC_JUDGES:
-            from reward_server.codebook import Codebook
+            from grpo.speech.codebook import Codebook
 
             book = Codebook.load(self.cfg.reward.codebook.path)
             return book if name == "synthetic" else book.misheard(self.e.synthetic_alt.fraction,
                                                                    self.e.synthetic_alt.seed)
-        from reward_server.asr import ByLanguage, build_asr
+        from grpo.speech.asr import ByLanguage, build_asr
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         m, batch = self.cfg.model, {"batch_size": self.e.asr_batch_size}
@@ -176,7 +180,7 @@ class Evaluator:
     def _read(self, judge, name: str, keys, tokens, wavs16, by_id) -> dict:
         """(transcript, rate) per (item id, sample) for one judge: token judges read the tokens, ASRs the 16 kHz
         audio."""
-        from reward_server.scoring import text_to_units, units_error_rate
+        from grpo.speech.scoring import text_to_units, units_error_rate
 
         out = {}
         if name in SYNTHETIC_JUDGES:
@@ -199,10 +203,11 @@ class Evaluator:
     def evaluate(self, name: str, model_dir: Path) -> list[Scored]:
         import soundfile as sf
 
-        from reward_server.token2wav import resample, stable_hash
+        from grpo.speech.speakers import stable_hash
+        from grpo.speech.token2wav import resample
 
         speech = self.generate(model_dir)
-        wav_dir = Path(self.e.out_dir) / name
+        wav_dir = EvalDir(self.e.out_dir).wavs(name)
         wav_dir.mkdir(parents=True, exist_ok=True)
         by_id = {it.id: it for it in self.items}
         tokens = {(it.id, j): toks for it, group in zip(self.items, speech) for j, toks in enumerate(group)}
@@ -300,7 +305,7 @@ def evaluate_set(cfg: DictConfig) -> None:
     checkpoints = select_checkpoints(cfg, e.checkpoints)
     log.info("evaluating %d checkpoint(s) on %d items: %s", len(checkpoints), len(items), ", ".join(checkpoints))
     evaluator = Evaluator(cfg, items)
-    write_inputs(Path(e.out_dir) / "inputs.jsonl", evaluator.inputs)
+    write_inputs(EvalDir(e.out_dir).inputs, evaluator.inputs)
     copy_prompts(Path(e.out_dir) / "prompts", items)
     unit = report.unit_of(e)
     extra = extra_judges(e)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from grpo.evaluate import cer
 from grpo.evaluate.stats import per_item_means
+from grpo.layout import EvalDir
 
 PAGE_SIZE = 50
 
@@ -58,7 +59,7 @@ def marked(reference: str, hypothesis: str, language: str, units: bool = False) 
     import jiwer
 
     if units:
-        from reward_server.scoring import text_to_units
+        from grpo.speech.scoring import text_to_units
 
         ref, hyp, sep = " ".join(text_to_units(reference, language)), hypothesis, " "
     else:
@@ -156,10 +157,10 @@ def write_html(out_dir: Path, summary: dict, tables: dict[str, list[dict]], prim
             f"<p>Figures: mean over items of each item's mean rate over {samples} sample(s), 95 % bootstrap interval "
             f"over items; Δ: paired bootstrap vs base. Hacking gap: improvement under the reward's judge minus "
             f"improvement under the held-out judge. {html.escape(note)}</p>{summary_table(summary)}"
-            f'<p><img src="report.png" alt="CER per checkpoint"></p><h2>Utterances</h2>'
+            f'<p><img src="{EvalDir(out_dir).report_png.name}" alt="CER per checkpoint"></p><h2>Utterances</h2>'
             f'<label><input type="checkbox" id="regressions"> regressions only (Δ &gt; 0)</label>'
             f'<div id="pager"></div><table id="utterances"><thead><tr>{"".join(head)}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table><script>{SCRIPT % PAGE_SIZE}</script></body></html>')
-    path = out_dir / "report.html"
+    path = EvalDir(out_dir).report_html
     path.write_text(page, encoding="utf-8")
     return path

@@ -23,6 +23,7 @@ from pathlib import Path
 from grpo.evaluate import stats
 from grpo.evaluate.cer import mean_error_rate
 from grpo.evaluate.html_report import SYNTHETIC_SPEAKER
+from grpo.layout import EvalDir
 
 # tokens: speech tokens generated; wav: the audio's path relative to eval.out_dir ("" when none was written)
 TSV_HEADER = ["id", "sample", "language", "reference", "transcript", "error_rate", "tokens", "sim", "wav"]
@@ -35,17 +36,17 @@ def _rate(x) -> str:
 def write_checkpoint(out_dir: Path, name: str, scored, unit: str, judges: list[str] = ()) -> dict:
     """<name>.tsv (one row per sample, a transcript and rate column per extra judge); returns the plain summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / f"{name}.tsv", "w", newline="", encoding="utf-8") as f:
+    with open(EvalDir(out_dir).tsv(name), "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
         w.writerow(TSV_HEADER + [c for j in judges for c in (f"transcript@{j}", f"error_rate@{j}")])
         for s in scored:
             extra = [c for j in judges for c in (s.judges[j][0], _rate(s.judges[j][1]))]
-            w.writerow([s.id, s.sample, s.language, s.reference, s.transcript, _rate(s.error_rate), s.tokens, _rate(s.sim),
-                        s.wav] + extra)
+            w.writerow([s.id, s.sample, s.language, s.reference, s.transcript, _rate(s.error_rate), s.tokens,
+                        _rate(s.sim), s.wav] + extra)
     rates = [s.error_rate for s in scored if s.error_rate is not None]
     per_item = stats.per_item_means([{"id": s.id, "v": s.error_rate} for s in scored], "v")
     summary = {"cer": mean_error_rate(list(per_item.values())), "count": len(rates),
-               "failures": len(scored) - len(rates), "unit": unit, "tsv": f"{name}.tsv"}
+               "failures": len(scored) - len(rates), "unit": unit, "tsv": EvalDir(out_dir).tsv(name).name}
     sims = [s.sim for s in scored if s.sim is not None]
     if sims:
         summary.update(sim=sum(sims) / len(sims), sim_count=len(sims))
@@ -77,13 +78,13 @@ def summarize(out_dir: Path, names: list[str], unit: str, primary: str, reward_j
               margin: float = 0.02, resamples: int = 2000, seed: int = 0) -> dict:
     """report.json's content from the TSVs: per checkpoint the primary judge's figures at the top level (cer,
     cer_ci, delta, delta_ci, p_value, sim...), every judge's under `judges`, and the hacking gaps."""
-    tables = {n: read_tsv(out_dir / f"{n}.tsv") for n in names}
+    tables = {n: read_tsv(EvalDir(out_dir).tsv(n)) for n in names}
     summary: dict[str, dict] = {}
     for name, rows in tables.items():
         cols = {primary: "error_rate", **{c.split("@", 1)[1]: c for c in (rows[0] if rows else {})
                                           if c.startswith("error_rate@")}}
         per_judge = {j: _values(rows, c) for j, c in cols.items()}
-        r = {"unit": unit, "tsv": f"{name}.tsv", "items": len(per_judge[primary]),
+        r = {"unit": unit, "tsv": EvalDir(out_dir).tsv(name).name, "items": len(per_judge[primary]),
              "samples": max((int(x["sample"]) + 1 for x in rows), default=0),
              "count": sum(bool(x["error_rate"]) for x in rows), "failures": sum(not x["error_rate"] for x in rows),
              "judges": {}}
@@ -133,7 +134,8 @@ def speaker_note(speaker_model: str | None) -> str:
 
 
 def write_summary(out_dir: Path, summary: dict, speaker_model: str | None = None) -> None:
-    (out_dir / "report.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    files = EvalDir(out_dir)
+    files.report_json.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     base = summary.get("base", {}).get("cer")
     first = next(iter(summary.values()), {})
     unit, samples = first.get("unit", ""), first.get("samples", 1)
@@ -162,8 +164,8 @@ def write_summary(out_dir: Path, summary: dict, speaker_model: str | None = None
                   "judge); flagged above the margin (eval.hacking_margin).", "",
                   "| checkpoint | held-out judge | gap | flagged |", "|---|---|---|---|"]
         lines += [f"| {n} | {j} | {g['gap']:+.4f} | {'**yes**' if g['flagged'] else 'no'} |" for n, j, g in gaps]
-    (out_dir / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    plot(out_dir / "report.png", summary)
+    files.report_md.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    plot(files.report_png, summary)
 
 
 def plot(path: Path, summary: dict) -> None:
@@ -188,13 +190,14 @@ def plot(path: Path, summary: dict) -> None:
 
 
 def print_summary(out_dir: Path) -> int:
-    path = out_dir / "report.json"
+    files = EvalDir(out_dir)
+    path = files.report_json
     if not path.exists():
         print(f"no report at {path}")
         return 1
     summary = json.loads(path.read_text())
     names = [n for n in summary if n != "base"]
-    print(f"report: {out_dir / 'report.md'} (json: {path}, plot: {out_dir / 'report.png'})")
+    print(f"report: {files.report_md} (json: {path}, plot: {files.report_png})")
     if "base" in summary:
         print(f"base CER  {summary['base']['cer']:.4f}")
     if names:
@@ -206,7 +209,7 @@ def print_summary(out_dir: Path) -> int:
 
 def check(out_dir: Path, max_ratio: float) -> int:
     """Exit status for CI: the last trained checkpoint was scored and its CER is below max_ratio x base."""
-    summary = json.loads((out_dir / "report.json").read_text())
+    summary = json.loads(EvalDir(out_dir).report_json.read_text())
     trained = [n for n in summary if n != "base"]
     problems = []
     if "base" not in summary or not trained:
@@ -249,7 +252,7 @@ def main(argv: list[str]) -> int:
     status = print_summary(out_dir)
     for extra in e.get("extra_sets") or []:            # (eval.extra_sets: each set's report in its own folder)
         print(f"{extra.name} set:")
-        print_summary(out_dir / extra.name)
+        print_summary(EvalDir(out_dir).extra(extra.name).root)
     return status
 
 
@@ -264,7 +267,7 @@ def render(out_dir: Path, names: list[str], e) -> dict:
     summary = summarize(out_dir, names, unit_of(e), e.asr, e.reward_judge, e.hacking_margin,
                         e.bootstrap.resamples, e.bootstrap.seed)
     write_summary(out_dir, summary, e.speaker_model)
-    write_html(out_dir, summary, {n: read_tsv(out_dir / f"{n}.tsv") for n in names}, e.asr,
+    write_html(out_dir, summary, {n: read_tsv(EvalDir(out_dir).tsv(n)) for n in names}, e.asr,
                speaker_note(e.speaker_model))
     return summary
 

@@ -1,14 +1,14 @@
 """Authoring tool for the tiny profile's two zero-shot sets (run once; the files are shipped).
 
 - data/zero_shot_tiny.jsonl, **held out**: targets are sentences of data/zh_test.jsonl, which neither the
-  warm start (random character strings, grpo/model/warm_start.py) nor GRPO (data/zh_train.jsonl) trains on;
-  every item says so (`"split": "held_out"`) and tests/test_zero_shot_sets.py checks the disjointness.
+  warm start (random character strings, grpo/standins/warm_start.py) nor GRPO (data/zh_train.jsonl) trains on;
+  every item says so (`"split": "held_out"`) and tests/evaluate/test_zero_shot_sets.py checks the disjointness.
 - data/zero_shot_tiny_seen.jsonl, **seen**: targets are GRPO training sentences (`"split": "seen"`), evaluated
   beside the held-out set (eval.extra_sets) to show how much of the gain is memorisation.
 
 Prompts are short training sentences with their canonical codebook tokens. The tiny LLM cannot continue a
 speech prompt, so the tiny profile evaluates with CosyVoice's cross-lingual input (`eval.llm_prompt=false`:
-the prompt conditions token2wav only). See README, "What the tiny profile shows".
+the prompt conditions token2wav only). See docs/tiny-profile.md.
 
     python -m grpo.evaluate.tiny_zero_shot            # rewrites both files
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from grpo.config import REPO_ROOT, load_config
 from grpo.model.prepare import build_default_codebook
-from reward_server.scoring import text_to_units
+from grpo.speech.scoring import text_to_units
 
 HELD_OUT = REPO_ROOT / "data" / "zero_shot_tiny.jsonl"
 SEEN = REPO_ROOT / "data" / "zero_shot_tiny_seen.jsonl"

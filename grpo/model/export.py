@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def check_loads(model_dir: Path) -> None:
-    from grpo.model.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
 
     llm = load_cosyvoice_yaml(model_dir, skip=["flow", "hift"])["llm"]
     llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)

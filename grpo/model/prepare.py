@@ -1,10 +1,10 @@
 """Stage -1: the models every later stage needs, then the LLM converted to Hugging Face.
 
-- profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.model.tiny),
+- profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.standins.tiny),
   the synthetic codebook, seeded prompt speakers, and warm-start the LLM on codebook targets.
 - profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B, SenseVoiceSmall and the evaluation ASRs.
 - profile realsize (`model.source=realsize`): the same directories built with random weights at the released
-  sizes (grpo.model.realsize); the prompt speakers of both come from real clips through CosyVoice's frontend.
+  sizes (grpo.standins.realsize); the prompt speakers of both come from real clips through CosyVoice's frontend.
 Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.model.convert: exact, CosyVoice's biased head included).
 """
 
@@ -25,7 +25,7 @@ from grpo.config import resolve_path
 log = logging.getLogger(__name__)
 
 BUILD_STAMP = ".tiny_build.json"
-TINY_BUILD_VERSION = 4      # bump when grpo.model.tiny builds differently (2: SenseVoice BPE with its tag pieces,
+TINY_BUILD_VERSION = 4      # bump when grpo.standins.tiny builds differently (2: SenseVoice BPE with its tag pieces,
                             # 3: a campplus.onnx stand-in, 4: warm start on random strings of every character)
 
 
@@ -45,7 +45,7 @@ def codebook_texts(cfg: DictConfig) -> list[tuple[str, str]]:
 
 
 def build_default_codebook(cfg: DictConfig):
-    from reward_server.codebook import build_codebook
+    from grpo.speech.codebook import build_codebook
 
     return build_codebook(codebook_texts(cfg), cfg.model.tiny.speech_token_size, cfg.reward.codebook.silence_fraction,
                           cfg.reward.codebook.seed)
@@ -66,7 +66,7 @@ def _stamp(cfg: DictConfig) -> str:
 def warm_start_cached(cfg: DictConfig, cv_dir: Path, codebook, stamp: str) -> dict:
     """The warm start of llm.pt, or its copy from model.tiny.cache_dir (keyed by the build stamp, which covers
     every input of the build: a second exp dir, a rerun after `rm -rf exp`, or the next test session reuses it)."""
-    from grpo.model.warm_start import example_options, warm_start
+    from grpo.standins.warm_start import example_options, warm_start
 
     tiny, ws = cfg.model.tiny, cfg.model.tiny.warm_start
     cached = Path(os.path.expanduser(tiny.cache_dir)) / f"tiny-llm-{stamp}.pt" if tiny.get("cache_dir") else None
@@ -88,9 +88,9 @@ def warm_start_cached(cfg: DictConfig, cv_dir: Path, codebook, stamp: str) -> di
 
 
 def build_tiny(cfg: DictConfig) -> None:
-    from grpo.model import tiny as tiny_models
-    from grpo.model.tiny_eval_asr import build_paraformer_dir, build_whisper_dir
-    from reward_server.token2wav import tiny_speakers
+    from grpo.standins import tiny as tiny_models
+    from grpo.standins.tiny_eval_asr import build_paraformer_dir, build_whisper_dir
+    from grpo.standins.tiny_speakers import tiny_speakers
 
     cv_dir, sv_dir = resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.sensevoice_dir)
     stamp = _stamp(cfg)
@@ -154,7 +154,7 @@ def convert(cfg: DictConfig) -> dict:
 def speaker_clips(cfg: DictConfig) -> list[dict]:
     """reward.prompt_speakers.clips read and checked (files exist); empty only if a speaker file is given.
     Checked before any download, so that a missing setting fails in seconds with the key to set."""
-    from reward_server.speakers import read_clips
+    from grpo.speech.speakers import read_clips
 
     p = cfg.reward.prompt_speakers
     clips = read_clips(resolve_path(p.clips) if isinstance(p.clips, str) else list(p.clips or []))
@@ -168,8 +168,8 @@ def speaker_clips(cfg: DictConfig) -> list[dict]:
 def prompt_speakers(cfg: DictConfig, clips: list[dict]) -> None:
     """The cosyvoice2 backend's prompt speakers (real models; the tiny build writes seeded stand-ins), built here
     once so that replicas only load them."""
-    from reward_server.speakers import build_speakers, load_speakers
-    from reward_server.token2wav import speakers_from_clips
+    from grpo.speech.speakers import build_speakers, load_speakers
+    from grpo.speech.token2wav import speakers_from_clips
 
     features = resolve_path(cfg.reward.prompt_speakers.features)
     if clips:
@@ -183,7 +183,7 @@ def run(cfg: DictConfig) -> int:
         build_tiny(cfg)
     elif cfg.model.source in ("modelscope", "realsize"):
         if cfg.model.source == "realsize":      # random weights in the released layouts, real prompt wavs
-            from grpo.model.realsize import build_realsize
+            from grpo.standins.realsize import build_realsize
 
             build_realsize(cfg)
         clips = speaker_clips(cfg) if cfg.reward.backend == "cosyvoice2" else []

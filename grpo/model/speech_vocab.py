@@ -97,7 +97,7 @@ class SpeechVocab:
         Path(model_dir, SPEECH_TOKENS_FILE).write_text(json.dumps(data, indent=2), encoding="utf-8")
 
     @classmethod
-    def load(cls, model_dir: str | Path) -> "SpeechVocab":
+    def load(cls, model_dir: str | Path) -> SpeechVocab:
         path = Path(model_dir, SPEECH_TOKENS_FILE)
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: is {model_dir} a model converted by `grpo.model.convert`?")
@@ -119,7 +119,7 @@ def build_hf_tokenizer(blank_dir: str | Path, family: str, speech_token_size: in
     """CosyVoice's text tokenizer + speech tokens + control tokens + chat template."""
     from tokenizers import AddedToken
 
-    from grpo.model.cosyvoice_dir import cosyvoice_text_tokenizer
+    from grpo.speech.cosyvoice_dir import cosyvoice_text_tokenizer
 
     if family not in EXTRA_SPEECH_ROWS:
         raise ValueError(f"unknown model family {family!r}; expected one of {sorted(EXTRA_SPEECH_ROWS)}")

@@ -32,13 +32,14 @@ class RolloutBatch:
     def prompt_width(self) -> int:
         return self.input_ids.shape[1] - self.responses.shape[1]
 
-    def select(self, rows) -> "RolloutBatch":
+    def select(self, rows) -> RolloutBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         return RolloutBatch(self.input_ids[rows], self.attention_mask[rows], self.position_ids[rows],
                             self.responses[rows], self.response_mask[rows], self.scores[rows],
                             self.group_index[rows.numpy()],
                             None if self.rollout_logp is None else self.rollout_logp[rows],
-                            None if self.components is None else {k: v[rows.numpy()] for k, v in self.components.items()})
+                            None if self.components is None
+                            else {k: v[rows.numpy()] for k, v in self.components.items()})
 
 
 def build_batch(prompts: list[list[int]], responses: list[list[int]], scores: list[float], group_index: list,

@@ -21,13 +21,23 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from grpo.decoding import length_bounds, rollout_correction, text_token_count
+from grpo.layout import TrainDir
+from grpo.model.speech_vocab import SpeechVocab
 from grpo.train import local_checkpoint as checkpoint
-from grpo.train.grpo_step import (actor_config, build_batch, filter_groups, gdpo_components, group_normalized_advantages,
-                                  grpo_advantages, log_probs, policy_loss, rollout_is_weights)
+from grpo.train.grpo_step import (
+    actor_config,
+    build_batch,
+    filter_groups,
+    gdpo_components,
+    group_normalized_advantages,
+    grpo_advantages,
+    log_probs,
+    policy_loss,
+    rollout_is_weights,
+)
+from grpo.train.metrics_log import VERL_METRICS, MetricsLogger, component_means, plot_curves
 from grpo.train.reward_fn import compute_score, reward_kwargs
 from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
-from grpo.model.speech_vocab import SpeechVocab
-from grpo.train.metrics_log import VERL_METRICS, MetricsLogger, component_means, plot_curves
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +67,8 @@ class LocalGRPOTrainer:
                              f"vLLM's processed log-probs); got {t.rollout.backend!r}")
         self.gdpo = gdpo_components(cfg.reward)      # reward.combine=group_normalized: (keys, weights)
         self.out_dir = Path(t.out_dir)
-        self.ckpt_root = self.out_dir / "checkpoints"
+        self.files = TrainDir(self.out_dir)
+        self.ckpt_root = self.files.local_checkpoints
         self.base_dir = Path(cfg.model.hf_dir)
         resume_dir = checkpoint.latest(self.ckpt_root) if t.resume else None
         model_dir = resume_dir or self.base_dir
@@ -239,7 +250,7 @@ class LocalGRPOTrainer:
             if step % t.save_freq == 0 or step == t.total_steps:
                 log.info("checkpoint %s", self.save())
         self.logger.close()
-        png = plot_curves(self.out_dir / "metrics.jsonl", self.out_dir / "curves.png")
+        png = plot_curves(self.files.metrics, self.files.curves)
         if png:
             log.info("reward / error-rate curves: %s", png)
         return self.out_dir

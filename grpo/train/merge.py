@@ -19,10 +19,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo.train.local_checkpoint import CARRIED_FILES
 from grpo.config import REPO_ROOT
+from grpo.layout import TrainDir
 from grpo.model.cosyvoice_lm import ARCHITECTURE
 from grpo.model.speech_vocab import CHAT_TEMPLATE, SpeechVocab
+from grpo.train.local_checkpoint import CARRIED_FILES
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ def validate(model_dir: Path) -> None:
         with safe_open(shard, "pt") as f:
             shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
     if config.eos_token_id not in vocab.stop_token_ids:
-        raise ValueError(f"{model_dir}: eos_token_id {config.eos_token_id} is not an end-of-speech id {vocab.stop_token_ids}")
+        raise ValueError(f"{model_dir}: eos_token_id {config.eos_token_id} is not an end-of-speech id "
+                         f"{vocab.stop_token_ids}")
     for key in ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"):
         if shapes.get(key, (None,))[0] != vocab.vocab_size:
             raise ValueError(f"{model_dir}: {key} has shape {shapes.get(key)}, expected {vocab.vocab_size} rows")
@@ -97,7 +99,7 @@ def merge_verl_step(actor_dir: Path, target: Path, base: Path) -> Path:
 
 
 def verl_steps(cfg: DictConfig) -> dict[int, Path]:
-    root = Path(cfg.train.out_dir) / "verl_checkpoints"
+    root = TrainDir(cfg.train.out_dir).verl_checkpoints
     if not root.is_dir():
         return {}
     return {int(m.group(1)): p / "actor" for p in root.iterdir()
@@ -124,7 +126,7 @@ def run(cfg: DictConfig) -> int:
 
     base = Path(cfg.model.hf_dir)
     steps = select_verl_steps(verl_steps(cfg), cfg.merge.steps)
-    merged_root = Path(cfg.train.out_dir) / "merged"
+    merged_root = TrainDir(cfg.train.out_dir).merged
     for step, actor in sorted(steps.items()):
         target = merged_root / f"step_{step}"
         if target.exists() and not cfg.merge.overwrite:

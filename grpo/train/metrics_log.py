@@ -7,6 +7,7 @@ import logging
 import math
 from pathlib import Path
 
+from grpo.layout import TrainDir
 from grpo.train.reward_fn import COMPONENT_FIELDS
 from grpo.train.verl_attempts import latest_components
 
@@ -29,7 +30,7 @@ def component_means(samples: list[dict]) -> dict:
 class MetricsLogger:
     def __init__(self, out_dir: Path, loggers, project: str, experiment: str, config: dict, resume_step: int = 0):
         self.out_dir = out_dir
-        self.path = out_dir / "metrics.jsonl"
+        self.path = TrainDir(out_dir).metrics
         out_dir.mkdir(parents=True, exist_ok=True)
         # a resumed run rewrites history from its checkpoint on: drop lines of steps that will be redone
         if self.path.exists():
@@ -177,6 +178,6 @@ def components_to_tensorboard(rows: list[dict], log_dir: Path) -> None:
 
 
 def write_metrics(rows: list[dict], out_dir: Path) -> Path:
-    path = Path(out_dir) / "metrics.jsonl"
+    path = TrainDir(out_dir).metrics
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

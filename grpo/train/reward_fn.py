@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
+from grpo.layout import TrainDir
 from grpo.model.speech_vocab import speech_token_strings
+from grpo.speech.components import COMPONENTS
 from grpo.train import reward_ledger
 from reward_server.client import ClientConfig, RewardClient, RewardServerError
-from reward_server.components import COMPONENTS
 
 log = logging.getLogger(__name__)
 
 _CLIENTS: dict[tuple, RewardClient] = {}
 ON_FAILURE = ("raise", "exclude")
-FAILURE_LOG = "reward_failures.jsonl"     # one line per sample whose reward failed after the client's retries
-COMPONENT_LOG = "reward_components.jsonl"  # verl engine: one line per scored sample, {"step", "reward_<name>"...}
 COMPONENT_FIELDS = tuple(f"reward_{name}" for name in COMPONENTS)   # each component's key in compute_score's result
 
 
@@ -126,5 +124,5 @@ def reward_kwargs(cfg) -> dict:
             "batch_wait_s": r.client.batch_wait_s,
             "max_items_per_request": min(request_items(r), r.limits.max_items_per_request),
             "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure,
-            "failure_log": str(Path(cfg.train.out_dir) / FAILURE_LOG),
-            "component_log": str(Path(cfg.train.out_dir) / COMPONENT_LOG)}
+            "failure_log": str(TrainDir(cfg.train.out_dir).reward_failures),
+            "component_log": str(TrainDir(cfg.train.out_dir).reward_components)}

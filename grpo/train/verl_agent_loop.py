@@ -10,7 +10,8 @@ in the package, so every node has it) and selected with
 training step, which reaches the reward function (see `run`).
 
 Each request gets its item's CosyVoice length bounds from its text (grpo.decoding), training items
-`train.decoding` and validation items (split "val") the evaluation's decoding: all from the `grpo_decoding` node the launcher adds to main_ppo's
+`train.decoding` and validation items (split "val") the evaluation's decoding: all from the `grpo_decoding` node
+the launcher adds to main_ppo's
 config, so every node has them without a file.
 """
 

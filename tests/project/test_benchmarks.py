@@ -1,0 +1,62 @@
+"""The benchmarks run as CI smokes: their JSON lines and the agreement checks (timings are not asserted:
+they depend on the machine)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from grpo.config import REPO_ROOT
+
+
+def run_benchmark(*args: str) -> dict:
+    out = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.server
+def test_server_benchmark_three_ways_agree(tiny_exp):
+    """benchmarks/server_bench.py: the reference's way, sequential and ours score the same items identically
+    and its last line is the JSON the docs quote."""
+    result = run_benchmark("benchmarks/server_bench.py", "--backend", "synthetic", "--items", "64", "--replicas", "2",
+                           f"exp_dir={tiny_exp}")
+    assert {"backend", "items", "replicas", "reference_samples_per_s", "sequential_samples_per_s",
+            "ours_samples_per_s", "ratio_vs_reference"} <= set(result)
+    assert result["items"] == 64 and result["replicas"] == 2 and result["max_reward_difference"] == 0
+
+
+@pytest.mark.fullsize
+def test_gpu_reward_benchmark_smoke_on_cpu():
+    """benchmarks/gpu_reward.py at the real model sizes, two short items on this CPU."""
+    result = run_benchmark("benchmarks/gpu_reward.py", "--items", "2", "--tokens", "25", "--prompt-tokens", "25",
+                           "--repeats", "1", "--device", "cpu")
+    assert result["device"] == "cpu" and result["items"] == 2
+    for mode in ("batch1_float32", "batched_float32"):
+        assert result[mode]["samples_per_s"] > 0 and result[mode]["peak_gib"] > 1     # real sizes: GiBs
+
+
+def test_reward_design_table_from_reports(tmp_path):
+    """benchmarks/reward_design.py tabulates each design's final checkpoint from the evaluation reports: the
+    figures of two hand-made seeds, their mean and sample standard deviation."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    import reward_design
+
+    def report(path, base, last, alt_last, gap, sim):
+        path.mkdir(parents=True)
+        judges = {"synthetic_alt": {"cer": alt_last}}
+        path.joinpath("report.json").write_text(json.dumps({
+            "base": {"cer": base, "sim": 0.1, "judges": {}},
+            "step_200": {"cer": last, "sim": sim, "judges": judges, "hacking_gap": {"synthetic_alt": {"gap": gap}}}}))
+
+    runs = {}
+    for seed, (last, gap, sim) in {1: (0.3, 0.05, 0.2), 2: (0.4, 0.07, 0.4)}.items():
+        exp = tmp_path / f"seed{seed}"
+        report(exp / "eval", 0.5, last, 0.6, gap, sim)
+        report(exp / "eval" / "seen", 0.45, last / 2, 0.5, 0.0, sim)
+        runs[seed] = reward_design.figures(exp)
+    assert runs[1]["relative_gain"] == pytest.approx(0.4) and runs[2]["seen_cer"] == pytest.approx(0.2)
+    row = reward_design.table({"cer": runs}).splitlines()[2]
+    # CER 0.3, 0.4: mean 0.35, sd sqrt(((0.05)^2 * 2) / 1) = 0.0707; gain 0.4, 0.2: mean 0.3, sd 0.1414
+    assert row.startswith("| CER alone | 0.350 ± 0.071 (0.300, 0.400) | 0.300 ± 0.141 (0.400, 0.200) |")
