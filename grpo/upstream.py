@@ -36,6 +36,9 @@ MATCHA_SUBMODULE = "third_party/Matcha-TTS"
 MANIFEST = Path(__file__).with_name("upstream.sha256")
 PTH_NAME = "cosyvoice_upstream.pth"
 PACKAGES = {"cosyvoice": "COSYVOICE_DIR", "matcha": "MATCHA_TTS_DIR"}   # package -> the setting that points at it
+# files outside the packages that the project reads from the checkout: the model configs upstream ships
+CONFIG_FILES = ("examples/libritts/cosyvoice2/conf/cosyvoice2.yaml",
+                "examples/libritts/cosyvoice3/conf/cosyvoice3.yaml")
 
 
 class UpstreamError(RuntimeError):
@@ -64,6 +67,7 @@ def write_manifest(cosyvoice_dir: Path, matcha_dir: Path, path: Path = MANIFEST)
         for f in sorted((root / package).rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:
                 lines.append(f"{_sha256(f)}  {f.relative_to(root).as_posix()}")
+    lines += [f"{_sha256(cosyvoice_dir / name)}  {name}" for name in CONFIG_FILES]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return len(lines) - 1
 
@@ -73,7 +77,7 @@ def mismatches(roots: dict[str, Path], manifest: dict[str, str] | None = None) -
     manifest = manifest or read_manifest()
     bad = []
     for name, digest in manifest.items():
-        f = roots[name.split("/", 1)[0]] / name
+        f = roots["matcha" if name.startswith("matcha/") else "cosyvoice"] / name
         if not f.is_file() or _sha256(f) != digest:
             bad.append(name)
     return bad
@@ -179,6 +183,16 @@ def install(site: Path | None = None, commit: str = PINNED_COMMIT) -> Path:
 
 
 _checked: set[str] = set()
+
+
+def config_file(name: str) -> Path:
+    """One of CONFIG_FILES from the imported checkout (checked like the packages)."""
+    import cosyvoice
+
+    if name not in CONFIG_FILES:
+        raise KeyError(f"{name} is not among the checked upstream files {CONFIG_FILES}")
+    check_imported()
+    return Path(cosyvoice.__file__).parent.parent / name
 
 
 def check_imported() -> None:

@@ -20,18 +20,14 @@ from pathlib import Path
 import torch
 
 from grpo.model.cosyvoice_lm import ARCHITECTURE, MASKED_LOGIT, CosyVoiceLMConfig, CosyVoiceLMForCausalLM
-from grpo.model.speech_vocab import EXTRA_SPEECH_ROWS, SpeechVocab, build_hf_tokenizer
+from grpo.model.speech_vocab import SpeechVocab, build_hf_tokenizer
+from grpo.speech.family import family_of_llm
 
 log = logging.getLogger(__name__)
 
 EXTRA_FILE = "cosyvoice_extra.pt"
 BODY_PREFIX = "llm.model.model."       # Qwen2Encoder -> Qwen2ForCausalLM -> Qwen2Model
 QWEN_HEAD_KEY = "llm.model.lm_head.weight"
-
-
-def detect_family(state_dict: dict) -> str:
-    """CosyVoice2's Qwen2LM has llm_embedding (sos, task_id); CosyVoice3's LM keeps them in speech rows."""
-    return "cosyvoice2" if "llm_embedding.weight" in state_dict else "cosyvoice3"
 
 
 def load_cosyvoice_llm(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -47,7 +43,7 @@ def hf_config(blank_dir: Path, vocab: SpeechVocab, dtype: torch.dtype, has_bias:
     body = Qwen2Config.from_pretrained(blank_dir).to_dict()
     for key in ("model_type", "architectures", "auto_map", "transformers_version", "tie_word_embeddings"):
         body.pop(key, None)
-    body.update(vocab_size=vocab.vocab_size, bos_token_id=vocab.sos_token_id, eos_token_id=vocab.stop_token_ids[0],
+    body.update(vocab_size=vocab.vocab_size, bos_token_id=vocab.sos_token_id, eos_token_id=vocab.eos_token_id,
                 torch_dtype=dtype, architectures=[ARCHITECTURE])
     first = vocab.speech_token_offset
     return CosyVoiceLMConfig(head_rows=[first, first + vocab.num_speech_rows], train_head_bias=has_bias, **body)
@@ -71,7 +67,7 @@ def cosyvoice_state_to_hf(sd: dict, vocab: SpeechVocab) -> tuple[dict, dict]:
     embed = torch.zeros(vocab.vocab_size, hidden, dtype=text_embed.dtype)
     embed[:T] = text_embed[:T]
     embed[T:T + rows] = sd["speech_embedding.weight"]
-    if vocab.family == "cosyvoice2":
+    if vocab.model_family.has_llm_embedding:
         embed[vocab.sos_token_id] = sd["llm_embedding.weight"][0]
         embed[vocab.task_id_token_id] = sd["llm_embedding.weight"][1]
     head = torch.zeros(vocab.vocab_size, hidden, dtype=decoder_w.dtype)
@@ -115,8 +111,9 @@ def cosyvoice_to_hf(cosyvoice_dir: str | Path, out_dir: str | Path) -> dict:
     cosyvoice_dir, out_dir = Path(cosyvoice_dir), Path(out_dir)
     blank_dir = cosyvoice_dir / "CosyVoice-BlankEN"
     sd = load_cosyvoice_llm(cosyvoice_dir)
-    family = detect_family(sd)
-    speech_token_size = sd["speech_embedding.weight"].shape[0] - EXTRA_SPEECH_ROWS[family]
+    fam = family_of_llm(sd)
+    family = fam.name
+    speech_token_size = sd["speech_embedding.weight"].shape[0] - fam.extra_speech_rows
     tokenizer, vocab = build_hf_tokenizer(blank_dir, family, speech_token_size)
     hf_sd, extra = cosyvoice_state_to_hf(sd, vocab)
     config = hf_config(blank_dir, vocab, hf_sd["lm_head.weight"].dtype, extra["has_decoder_bias"])
@@ -165,7 +162,7 @@ def hf_to_cosyvoice_state(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     if extra["has_qwen_head"]:
         sd[QWEN_HEAD_KEY] = text_embed.clone() if extra["qwen_head_tied"] else extra["qwen_head"]
     sd["speech_embedding.weight"] = embed[T:T + rows].to(dtype).clone()
-    if vocab.family == "cosyvoice2":
+    if vocab.model_family.has_llm_embedding:
         sd["llm_embedding.weight"] = torch.stack([embed[vocab.sos_token_id], embed[vocab.task_id_token_id]]).to(dtype)
     sd["llm_decoder.weight"] = hf["lm_head.weight"][T:T + rows].to(dtype).clone()
     bias = hf["lm_head.bias"][T:T + rows]

