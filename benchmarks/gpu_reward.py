@@ -87,7 +87,7 @@ def main() -> None:
     from grpo.speech.asr import FunASR
     from grpo.speech.token2wav import Token2Wav
     from grpo.standins.tiny_speakers import tiny_speakers
-    from reward_server.backends import CosyVoice2Backend, ScoreItem
+    from reward_server.backends import CosyVoiceBackend, ScoreItem
 
     dtypes = (args.dtypes or ("float32,bfloat16" if args.device == "cuda" else "float32")).split(",")
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data" / "zh_train.jsonl").read_text().splitlines()]
@@ -103,7 +103,7 @@ def main() -> None:
         print(f"real-size models built in {time.perf_counter() - start:.0f} s")
         asr = FunASR(sv_dir, device=args.device, batch_size=max(1, args.items))
         for dtype in dtypes:
-            backend = CosyVoice2Backend(Token2Wav(cv_dir, args.device, dtype), speakers, asr)
+            backend = CosyVoiceBackend(Token2Wav(cv_dir, args.device, dtype), speakers, asr)
             for mode, batched in (("batch1", False), ("batched", True)):
                 figures = measure(backend, items, batched, args.device, args.repeats)
                 result[f"{mode}_{dtype}"] = figures

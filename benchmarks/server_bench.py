@@ -105,7 +105,7 @@ def compare(name: str, a: list[dict], b: list[dict]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="synthetic", choices=["cosyvoice2", "synthetic"])
+    parser.add_argument("--backend", default="synthetic", choices=["cosyvoice2", "cosyvoice3", "synthetic"])
     parser.add_argument("--items", type=int, default=512)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32, help="the server's dynamic batch (the reference: 32)")

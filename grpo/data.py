@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from grpo.config import resolve_path
+from grpo.speech.family import family
 from grpo.speech.text_frontend import normalize
 
 log = logging.getLogger(__name__)
@@ -121,14 +122,17 @@ def check_duplicates(rows: list[dict], path: str, policy: str) -> tuple[list[dic
 
 def to_records(rows: list[dict], cfg: DictConfig, split: str) -> list[dict]:
     """verl's RL dataset schema: chat-message prompt, ground truth for the reward, extra_info. The prompt holds
-    the text as CosyVoice's frontend normalises it (`data.text_frontend`); extra_info keeps both."""
+    the family's prompt prefix (CosyVoice3's "You are a helpful assistant.<|endofprompt|>", as upstream's examples
+    begin the prompt text) and the text as CosyVoice's frontend normalises it (`data.text_frontend`); extra_info
+    keeps the raw and the normalised text."""
+    prefix = family(cfg.family).prompt_prefix
     records = []
     for i, row in tqdm(list(enumerate(rows)), desc=f"{split}: text frontend", mininterval=5,
                        disable=not cfg.text_frontend):
-        fed = normalize(row["text"], cfg.frontend_tokenizer_dir) if cfg.text_frontend else row["text"]
+        fed = normalize(row["text"], cfg.frontend_tokenizer_dir, cfg.family) if cfg.text_frontend else row["text"]
         records.append({
             "data_source": cfg.data_source,
-            "prompt": [{"role": "user", "content": fed}],
+            "prompt": [{"role": "user", "content": prefix + fed}],
             "ability": cfg.ability,
             "reward_model": {"style": "rule", "ground_truth": row["text"]},
             "extra_info": {"index": i, "split": split, "text": row["text"], "normalized_text": fed,

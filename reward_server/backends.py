@@ -1,6 +1,6 @@
 """Reward backends: a batch of items (speech tokens + reference text) -> transcripts -> rewards.
 
-- `cosyvoice2`: CosyVoice's token2wav (prompt speaker chosen from the sample id, so the same id
+- `cosyvoice2`, `cosyvoice3`: that family's token2wav (prompt speaker chosen from the sample id, so the same id
   always gets the same speaker), 24 -> 16 kHz, then ASR (SenseVoice) on the whole batch.
 - `synthetic`: the seeded codebook look-up (tiny profile and tests; no audio involved).
 Both give a speaker similarity per item when asked for (grpo/speech/components.py).
@@ -14,6 +14,7 @@ from typing import Protocol
 
 from grpo.speech import scoring
 from grpo.speech.components import RewardSpec, combine, duration_score
+from grpo.speech.family import FAMILIES
 from grpo.speech.speakers import speaker_index, stable_hash
 
 log = logging.getLogger(__name__)
@@ -63,15 +64,15 @@ class SyntheticBackend:
         return out
 
 
-class CosyVoice2Backend:
-    """token2wav (CosyVoice flow + HiFT) with a deterministic prompt speaker, then batched ASR; with a speaker
-    verifier (CosyVoice2's campplus.onnx), each wav's similarity to its prompt speaker's embedding."""
-
-    name = "cosyvoice2"
+class CosyVoiceBackend:
+    """token2wav (the model family's flow + HiFT, grpo.speech.token2wav) with a deterministic prompt speaker, then
+    batched ASR; with a speaker verifier (the model's campplus.onnx), each wav's similarity to its prompt speaker's
+    embedding. Named after the model family it speaks with (`cosyvoice2`, `cosyvoice3`)."""
 
     def __init__(self, token2wav, speakers: dict, asr, verifier=None):
         from grpo.speech.asr import ASR_SAMPLE_RATE
 
+        self.name = token2wav.family.name
         self.token2wav, self.asr, self.verifier = token2wav, asr, verifier
         self.speaker_names = sorted(speakers)
         self.speakers = speakers
@@ -129,8 +130,9 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
     r = cfg.reward
     if r.backend == "synthetic":
         return SyntheticBackend(r.codebook.path, r.prompt_speakers.num_tiny)
-    if r.backend == "cosyvoice2":
+    if r.backend in FAMILIES:
         from grpo.speech.asr import build_asr
+        from grpo.speech.family import family_of_dir
         from grpo.speech.speakers import load_speakers
         from grpo.speech.token2wav import Token2Wav
 
@@ -140,8 +142,11 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
             from grpo.speech.speaker_similarity import SpeakerSimilarity
 
             verifier = SpeakerSimilarity(r.sim.model)
+        if family_of_dir(cfg.model.cosyvoice_dir).name != r.backend:
+            raise ValueError(f"reward.backend={r.backend}, but model.cosyvoice_dir={cfg.model.cosyvoice_dir} holds a "
+                             f"{family_of_dir(cfg.model.cosyvoice_dir).name} model")
         t2w = Token2Wav(cfg.model.cosyvoice_dir, device, r.token2wav.dtype, r.token2wav.max_frames_per_batch)
-        return CosyVoice2Backend(t2w, speakers,
+        return CosyVoiceBackend(t2w, speakers,
                                  build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size),
                                  verifier)
-    raise ValueError(f"unknown reward.backend {r.backend!r}; expected cosyvoice2 or synthetic")
+    raise ValueError(f"unknown reward.backend {r.backend!r}; expected {', '.join(FAMILIES)} or synthetic")

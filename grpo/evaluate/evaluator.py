@@ -72,18 +72,21 @@ def build_inputs(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool =
 
     As CosyVoice's `inference_zero_shot` + `Qwen2LM.inference`: each text through the frontend's
     `text_normalize` (the target's segments joined, grpo.speech.text_frontend; `frontend_dir`: CosyVoice's tokenizer
-    dir; None: raw), prompt text and target text
-    tokenized separately and concatenated inside sos ... task_id, then the prompt's speech tokens
-    (llm_prompt=True, zero-shot). llm_prompt=False is its cross-lingual input: the LLM sees the target alone."""
+    dir; None: raw), prompt text and target text tokenized separately and concatenated inside sos ... task_id, then
+    the prompt's speech tokens (llm_prompt=True, zero-shot). The prompt text starts with the family's prefix
+    (CosyVoice3: "You are a helpful assistant.<|endofprompt|>", which also keeps upstream's frontend from
+    normalising it). llm_prompt=False is its cross-lingual input: the LLM sees the prefix and the target alone."""
+    fam = vocab.model_family
     inputs, several = [], []
     for it in items:
-        segments = target_segments(it.text, frontend_dir) if frontend_dir else [it.text]
+        segments = target_segments(it.text, frontend_dir, fam.name) if frontend_dir else [it.text]
         text = "".join(segments)
         if len(segments) > 1:
             several.append(it.id)
-        prompt = ""
+        prompt = fam.prompt_prefix
         if llm_prompt:
-            prompt = normalize_prompt(it.prompt_text, frontend_dir) if frontend_dir else it.prompt_text
+            prompt = fam.prompt_prefix + it.prompt_text
+            prompt = normalize_prompt(prompt, frontend_dir, fam.name) if frontend_dir else prompt
         ids = [vocab.sos_token_id, *llm_text_ids(tokenizer, text, prompt), vocab.task_id_token_id]
         if llm_prompt:
             ids += vocab.to_hf_ids(feats[it.id]["llm_prompt_speech_token"].flatten().tolist())

@@ -2,7 +2,8 @@
 
 `export.out_dir/<checkpoint>/` gets the new `llm.pt` (grpo.model.convert.hf_to_cosyvoice) and every other file
 of the original CosyVoice model directory (symlinked, or copied with `export.copy=true`). The new
-llm.pt is checked by loading it with `strict=True` into CosyVoice's own Qwen2LM built from the yaml.
+llm.pt is checked by loading it with `strict=True` into upstream's own LM class (Qwen2LM / CosyVoice3LM) built from
+the model directory's yaml.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from omegaconf import DictConfig
 
 from grpo.checkpoint_selection import select_checkpoints
 from grpo.model.convert import hf_to_cosyvoice
+from grpo.speech.family import FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ def export_one(hf_dir: Path, source_dir: Path, out: Path, copy: bool) -> Path:
         else:
             os.symlink(entry.resolve(), tmp / entry.name)
     hf_to_cosyvoice(hf_dir, tmp / "llm.pt")
-    if (source_dir / "cosyvoice2.yaml").exists():
+    if any((source_dir / f.yaml).exists() for f in FAMILIES.values()):
         check_loads(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -52,5 +54,5 @@ def run(cfg: DictConfig) -> int:
     source = Path(cfg.model.cosyvoice_dir)
     for name, hf_dir in select_checkpoints(cfg, x.checkpoints).items():
         out = export_one(hf_dir, source, Path(x.out_dir) / name, x.copy)
-        log.info("%s -> %s (llm.pt loads strictly into CosyVoice's Qwen2LM)", name, out)
+        log.info("%s -> %s (llm.pt loads strictly into upstream's LM class)", name, out)
     return 0

@@ -45,16 +45,25 @@ def length_buckets(lengths: list[int], max_frames: int) -> list[list[int]]:
 
 
 class Token2Wav:
-    """flow.pt + hift.pt + cosyvoice2.yaml from a CosyVoice2 model directory.
+    """flow.pt + hift.pt + the family's yaml from a CosyVoice model directory: speech tokens -> 24 kHz audio as
+    upstream's `CosyVoice2Model.token2wav` / `CosyVoice3Model.token2wav` (non-streaming, finalize) compute it.
 
-    `dtype`: the flow under autocast (bf16/fp16 on a GPU; HiFT's STFT stays float32). `max_frames_per_batch`:
-    the padded mel frames (items x longest, prompt included) one flow pass may take."""
+    CosyVoice2: the conformer encoder, CausalConditionalCFM with its U-Net estimator, HiFTGenerator. CosyVoice3:
+    the pre-look-ahead layer repeated to mel frames, the same CFM with the DiT estimator, CausalHiFTGenerator
+    (finalize), and the LLM's tokens first trimmed of long silences as `CosyVoice3Model.llm_job` does
+    (`Family.trim_silence`). `dtype`: the flow under autocast (bf16/fp16 on a GPU; HiFT's STFT stays float32).
+    `max_frames_per_batch`: the padded mel frames (items x longest, prompt included) one flow pass may take."""
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "auto",
                  max_frames_per_batch: int = 20000):
+        from cosyvoice.flow.flow import CausalMaskedDiffWithDiT
+        from cosyvoice.hifigan.generator import CausalHiFTGenerator
+
         from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
+        from grpo.speech.family import family_of_dir
 
         model_dir = Path(model_dir)
+        self.family = family_of_dir(model_dir)
         configs = load_cosyvoice_yaml(model_dir, skip=["llm"])
         self.device = torch.device(device)
         self.flow, self.hift = configs["flow"], configs["hift"]
@@ -63,17 +72,31 @@ class Token2Wav:
         self.hift.load_state_dict({k.replace("generator.", ""): v for k, v in hift_sd.items()}, strict=True)
         self.flow.to(self.device).eval()
         self.hift.to(self.device).eval()
+        self.dit = isinstance(self.flow, CausalMaskedDiffWithDiT)          # CosyVoice3's flow
+        self.causal_hift = isinstance(self.hift, CausalHiFTGenerator)      # CosyVoice3's vocoder
         self.sample_rate = configs.get("sample_rate", SAMPLE_RATE)
         self.feat_extractor = configs.get("feat_extractor")
         self.dtype = autocast_dtype(dtype, self.device)
         self.max_frames_per_batch = max_frames_per_batch
         self.token_mel_ratio = getattr(self.flow, "token_mel_ratio", 2)     # mel frames per speech token
 
+    def flow_tokens(self, tokens: list[int]) -> list[int]:
+        """The LLM's tokens as upstream hands them to token2wav (CosyVoice3: long silences trimmed)."""
+        return self.family.trim_silence(list(tokens))
+
+    def _vocode(self, mel: torch.Tensor) -> torch.Tensor:
+        if self.causal_hift:
+            wav, _ = self.hift.inference(speech_feat=mel, finalize=True)
+        else:
+            wav, _ = self.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0, device=self.device))
+        return wav
+
     @torch.inference_mode()
     def __call__(self, tokens: list[int], speaker: dict, seed: int = 0) -> np.ndarray:
-        """One utterance (CosyVoice's flow decodes batch size 1); seeded so the same input gives the same audio."""
+        """One utterance with upstream's own `flow.inference` (batch size 1); seeded so the same input gives the
+        same audio."""
         dev = self.device
-        token = torch.tensor([tokens], dtype=torch.int32, device=dev)
+        token = torch.tensor([self.flow_tokens(tokens)], dtype=torch.int32, device=dev)
         prompt_token = speaker["flow_prompt_speech_token"].to(dev)
         prompt_feat = speaker["prompt_speech_feat"].to(dev)
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
@@ -85,32 +108,36 @@ class Token2Wav:
                 prompt_feat=prompt_feat,
                 prompt_feat_len=torch.tensor([prompt_feat.shape[1]], dtype=torch.int32, device=dev),
                 embedding=speaker["flow_embedding"].to(dev), streaming=False, finalize=True)
-            wav, _ = self.hift.inference(speech_feat=mel, cache_source=torch.zeros(1, 1, 0, device=dev))
+            wav = self._vocode(mel)
         return wav.squeeze(0).float().cpu().numpy()
 
+    def _mu(self, full: torch.Tensor) -> torch.Tensor:
+        """The flow's conditioning mu (T_mel, 80) for prompt + target tokens, one utterance."""
+        flow, dev = self.flow, self.device
+        emb = flow.input_embedding(torch.clamp(full, min=0)[None].to(dev))
+        if self.dit:       # CausalMaskedDiffWithDiT.inference: look-ahead layer, repeated to mel frames
+            return flow.pre_lookahead_layer(emb).repeat_interleave(flow.token_mel_ratio, dim=1)[0]
+        h, _ = flow.encoder(emb, torch.tensor([len(full)], device=dev), streaming=False)
+        return flow.encoder_proj(h)[0]
 
     @torch.inference_mode()
     def flow_batch(self, tokens: list[list[int]], speakers: list[dict]) -> list[torch.Tensor]:
         """Mel spectrograms of several utterances with CosyVoice's flow modules, the costly part batched.
 
-        CosyVoice's `flow.inference` and its Euler solver take one utterance (two rows for
-        classifier-free guidance). Here the encoder runs per utterance, and the ten guided passes of the
-        causal estimator (masked, so padding does not leak) run on the right-padded batch, with the fixed
-        noise of CausalConditionalCFM and the Euler steps of its `solve_euler`. Equal to per-utterance
-        inference up to float rounding (tests/service/test_reward_backends.py)."""
+        Upstream's `flow.inference` and its Euler solver take one utterance (two rows for classifier-free
+        guidance). Here the text side (CosyVoice2's encoder, CosyVoice3's look-ahead convolution) runs per
+        utterance: its convolutions would read padding in a batch. The ten guided passes of the estimator, which
+        dominate the cost, run on the right-padded batch: its attention masks the padding out, and CosyVoice3's
+        DiT mixes positions otherwise only through a causal convolution, which never reads to the right. The
+        fixed noise of CausalConditionalCFM and the Euler steps of its `solve_euler`. Equal to per-utterance
+        inference up to float rounding (tests/service/test_reward_backends.py). `tokens` are flow tokens."""
         from cosyvoice.utils.mask import make_pad_mask
 
         flow, cfm, dev = self.flow, self.flow.decoder, self.device
         emb = flow.spk_embed_affine_layer(torch.nn.functional.normalize(
             torch.cat([spk["flow_embedding"] for spk in speakers]).to(dev), dim=1)).float()
-        # the encoder runs per utterance: its look-ahead convolution would read padding in a batch;
-        # the 10 guided estimator passes, which dominate the cost, run on the padded batch
-        mus = []
-        for t, spk in zip(tokens, speakers):
-            full = torch.cat([spk["flow_prompt_speech_token"].flatten().long(), torch.tensor(t, dtype=torch.long)])
-            h, _ = flow.encoder(flow.input_embedding(full[None].to(dev)), torch.tensor([len(full)], device=dev),
-                                streaming=False)
-            mus.append(flow.encoder_proj(h)[0])                         # (T_i, 80)
+        mus = [self._mu(torch.cat([spk["flow_prompt_speech_token"].flatten().long(), torch.tensor(t).long()]))
+               for t, spk in zip(tokens, speakers)]                     # (T_i, 80) each
         mel_len = torch.tensor([len(m) for m in mus], device=dev)
         # the Euler solver's state stays float32 under autocast; only the networks run in the lower precision
         mu = torch.nn.utils.rnn.pad_sequence(mus, batch_first=True).transpose(1, 2).float()   # (B, 80, T)
@@ -139,7 +166,8 @@ class Token2Wav:
 
     @torch.inference_mode()
     def mels(self, tokens: list[list[int]], speakers: list[dict]) -> list[torch.Tensor]:
-        """flow_batch over length buckets (autocast to `dtype` where it is not float32), in input order."""
+        """flow_batch over length buckets (autocast to `dtype` where it is not float32), in input order;
+        `tokens` are flow tokens (`flow_tokens`)."""
         lengths = [self.mel_frames(t, spk) for t, spk in zip(tokens, speakers)]
         out: list[torch.Tensor | None] = [None] * len(tokens)
         autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
@@ -152,13 +180,14 @@ class Token2Wav:
 
     @torch.inference_mode()
     def batch(self, tokens: list[list[int]], speakers: list[dict], seeds: list[int]) -> list[np.ndarray]:
-        """Several utterances: the flow in length-bucketed batched passes, HiFT per utterance (seeded)."""
+        """Several utterances of the LLM's tokens: the flow in length-bucketed batched passes, HiFT per utterance
+        (seeded)."""
         dev = self.device
         wavs = []
-        for mel, seed in zip(self.mels(tokens, speakers), seeds):
+        for mel, seed in zip(self.mels([self.flow_tokens(t) for t in tokens], speakers), seeds):
             with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
                 torch.manual_seed(seed)
-                wav, _ = self.hift.inference(speech_feat=mel[None], cache_source=torch.zeros(1, 1, 0, device=dev))
+                wav = self._vocode(mel[None])
             wavs.append(wav.squeeze(0).float().cpu().numpy())
         return wavs
 
@@ -180,21 +209,23 @@ def load_wav_16k(path: str | Path) -> torch.Tensor:
 
 
 def cosyvoice_frontend(model_dir: str | Path):
-    """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips, as `CosyVoice2`
-    builds it (cosyvoice/cli/cosyvoice.py); it reads the clips itself (grpo.shims.torchaudio_load)."""
+    """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips, as `CosyVoice2` /
+    `CosyVoice3` build it (cosyvoice/cli/cosyvoice.py); it reads the clips itself (grpo.shims.torchaudio_load)."""
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
 
     from grpo.shims import torchaudio_load
     from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.speech.family import family_of_dir
 
     torchaudio_load()
     model_dir = Path(model_dir)
+    fam = family_of_dir(model_dir)
     configs = load_cosyvoice_yaml(model_dir, skip=["llm", "flow", "hift"])
-    for name in ("campplus.onnx", "speech_tokenizer_v2.onnx"):
+    for name in ("campplus.onnx", fam.speech_tokenizer):
         if not (model_dir / name).exists():
-            raise FileNotFoundError(f"{model_dir / name} missing: real prompt clips need the full CosyVoice2 download")
+            raise FileNotFoundError(f"{model_dir / name} missing: real prompt clips need the model's full download")
     return CosyVoiceFrontEnd(configs["get_tokenizer"], configs["feat_extractor"], str(model_dir / "campplus.onnx"),
-                             str(model_dir / "speech_tokenizer_v2.onnx"), "", configs["allowed_special"])
+                             str(model_dir / fam.speech_tokenizer), "", configs["allowed_special"])
 
 
 def speakers_from_clips(model_dir: str | Path, clips: list[dict]) -> dict:
