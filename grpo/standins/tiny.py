@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from grpo.speech.family import Family
+
 log = logging.getLogger(__name__)
 
 # Qwen2's chat specials; CosyVoice's QwenTokenizer adds its own on top at load time.
@@ -54,12 +56,12 @@ def build_text_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> in
     return len(tokenizer)
 
 
-def build_cosyvoice_dir(model_dir: Path, tiny: DictConfig, texts: list[str]) -> None:
-    """The released layout (grpo.standins.released_layout) at tiny sizes, with a BPE trained on `texts`; no
+def build_cosyvoice_dir(model_dir: Path, tiny: DictConfig, texts: list[str], family: Family) -> None:
+    """The family's released layout (grpo.standins.released_layout) at tiny sizes, with a BPE trained on `texts`; no
     speech tokenizer (the tiny profile's prompts are seeded stand-ins, not wavs)."""
     from grpo.standins.released_layout import build_cosyvoice_dir as build_released
 
-    build_released(model_dir, tiny, lambda blank: build_text_tokenizer(texts, tiny.text_vocab_size, blank),
+    build_released(model_dir, tiny, lambda blank: build_text_tokenizer(texts, tiny.text_vocab_size, blank), family,
                    speech_tokenizer=False)
 
 

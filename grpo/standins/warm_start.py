@@ -47,11 +47,15 @@ def chinese_characters(texts: list[tuple[str, str]]) -> list[str]:
     return sorted({ch for text, lang in texts if lang == "zh" for ch in text if "\u4e00" <= ch <= "\u9fff"})
 
 
-def collate(examples):
+def collate(examples, prefix: list[int] = ()):
+    """The training batch of upstream's LM forward; `prefix`: the family's prompt prefix as the instruction that
+    CosyVoice3LM's forward puts between sos and the text (Qwen2LM reads none; the prefix is empty there)."""
     text, speech = zip(*examples)
     return {"text_token": pad_sequence(text, batch_first=True), "text_token_len": torch.tensor([len(t) for t in text]),
             "speech_token": pad_sequence(speech, batch_first=True),
-            "speech_token_len": torch.tensor([len(s) for s in speech])}
+            "speech_token_len": torch.tensor([len(s) for s in speech]),
+            "instruct_token": torch.tensor([list(prefix)] * len(text), dtype=torch.long).reshape(len(text), -1),
+            "instruct_token_len": torch.full((len(text),), len(prefix))}
 
 
 DEFAULTS = {"random_text_prob": 0.0, "min_len": 4, "max_len": 16, "punctuation_prob": 0.0, "concat_prob": 0.0,
@@ -89,6 +93,7 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
     Chinese characters of `alphabet` (texts whose characters the codebook speaks; default `texts`)."""
     from grpo.shims import qwen2lm_any_width
     from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.speech.family import family_of_dir
 
     model_dir = Path(model_dir)
     torch.manual_seed(seed)
@@ -97,6 +102,8 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
     qwen2lm_any_width(llm)                      # upstream's training forward assumes the released width
     llm.load_state_dict(torch.load(model_dir / "llm.pt", map_location="cpu", weights_only=True), strict=True)
     tokenizer = configs["get_tokenizer"]()
+    prefix = family_of_dir(model_dir).prompt_prefix
+    prefix_ids = tokenizer.encode(prefix) if prefix else []   # the text the LLM reads after sos, before the target
     opts = {**DEFAULTS, **options}
     alphabet = alphabet or texts
     if opts["init_speech_from_text"]:
@@ -108,7 +115,8 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
     chars = chinese_characters(alphabet)
     stats = {}
     for step in (bar := tqdm(range(steps), desc="warm start (tiny LLM)", mininterval=2)):
-        batch = collate([make_example(texts, chars, codebook, tokenizer, rng, opts) for _ in range(batch_size)])
+        batch = collate([make_example(texts, chars, codebook, tokenizer, rng, opts) for _ in range(batch_size)],
+                        prefix_ids)
         out = llm(batch, torch.device("cpu"))
         optim.zero_grad()
         out["loss"].backward()

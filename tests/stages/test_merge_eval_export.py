@@ -228,14 +228,15 @@ def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
     write_qwen_tokenizer(blank)
     tok, vocab = build_hf_tokenizer(blank, "cosyvoice2", 6561)
     cosy = get_qwen_tokenizer(str(blank), skip_special_tokens=True)
-    frontend = normalizer(str(blank))
+    frontend = normalizer(str(blank), "cosyvoice2")
     # normalisation checked by hand on a few: numbers spelled, brackets and trailing commas as CosyVoice does
-    assert normalize("他在2019年大学毕业，花了3.5万元。", blank) == "他在二零一九年大学毕业，花了三点五万元。"
-    assert normalize("第1章，", blank) == "第一章。"
-    assert "twenty five dollars" in normalize("ld peace, 25 dollars (cheap).", blank)
+    cv2 = "cosyvoice2"
+    assert normalize("他在2019年大学毕业，花了3.5万元。", blank, cv2) == "他在二零一九年大学毕业，花了三点五万元。"
+    assert normalize("第1章，", blank, cv2) == "第一章。"
+    assert "twenty five dollars" in normalize("ld peace, 25 dollars (cheap).", blank, cv2)
     # a target without final punctuation gains upstream's segment end; a prompt text does not
-    assert normalize("今天天气很好", blank) == "今天天气很好。"
-    assert normalize_prompt("今天天气很好", blank) == "今天天气很好"
+    assert normalize("今天天气很好", blank, cv2) == "今天天气很好。"
+    assert normalize_prompt("今天天气很好", blank, cv2) == "今天天气很好"
     items = [ZeroShotItem(f"u{i}", p, t, prompt_speech_tokens=[7, 8]) for i, (p, t) in enumerate(MIXED)]
     feats = {it.id: {"llm_prompt_speech_token": torch.tensor([[7, 8]])} for it in items}
     ours = evaluate.build_inputs(items, feats, tok, vocab, llm_prompt=True, frontend_dir=str(blank))
@@ -250,7 +251,7 @@ def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
     assert joint != cosy.encode("Hello wor") + cosy.encode("ld peace")    # why the texts are tokenized apart
     # the data stage: the prompt is the normalised text, the reward's reference the raw one
     dcfg = OmegaConf.create({"data_source": "s", "ability": "tts", "text_frontend": True,
-                             "frontend_tokenizer_dir": str(blank)})
+                             "frontend_tokenizer_dir": str(blank), "family": "cosyvoice2"})
     rows = [{"text": t, "language": "zh", "id": f"r{i}"} for i, (_, t) in enumerate(MIXED)]
     for row, rec in zip(rows, data.to_records(rows, dcfg, "train")):
         ids = tok.apply_chat_template(rec["prompt"], tokenize=True, return_dict=False)

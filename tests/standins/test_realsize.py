@@ -1,8 +1,9 @@
-"""The realsize profile: the released CosyVoice2-0.5B layout at the released sizes (random weights).
+"""The realsize profiles: the released CosyVoice2-0.5B (`realsize`) and Fun-CosyVoice3-0.5B-2512 (`realsize3`)
+layouts at the released sizes (random weights), each test once per family.
 
-The first test composes configs only. The others need stage -1 of the realsize profile (about 1.5 minutes,
-5.7 GB): they use exp/realsize when `bash run.sh -1 5 profile=realsize` ran (as .ci/run does), and build
-stage -1 themselves otherwise. Marked slow: `bash run.sh test -m realsize`.
+The first tests compose configs only. The others need stage -1 of the profile (1-2 minutes, 6 GB): they use
+exp/<profile> when `bash run.sh -1 5 profile=<profile>` ran (as .ci/run does), and build stage -1 themselves
+otherwise. Marked slow: `bash run.sh test -m realsize`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo.config import load_config
-from grpo.speech.cosyvoice_dir import RELEASED_FILES
+from grpo.speech.cosyvoice_dir import released_files
+from grpo.speech.family import family
 
 # Every key in which the realsize profile may differ from cosyvoice2, and why
 ALLOWED_DIFFERENCES = {
@@ -56,23 +58,27 @@ def differing_keys(a: dict, b: dict) -> set[str]:
     return {next((a for a in ALLOWED_DIFFERENCES if k == a or k.startswith(a + ".")), k) for k in keys}
 
 
-def test_realsize_differs_from_cosyvoice2_only_in_listed_keys():
+PAIRS = {"realsize": "cosyvoice2", "realsize3": "cosyvoice3"}     # real-size twin -> the GPU profile it mirrors
+
+
+@pytest.mark.parametrize("twin", PAIRS)
+def test_realsize_differs_from_its_gpu_profile_only_in_listed_keys(twin):
     # one exp_dir for both (it defaults to exp/<profile name>), so that every path derived from it compares
-    real = OmegaConf.to_container(load_config(["profile=cosyvoice2", "exp_dir=/x"]), resolve=True)
-    size = OmegaConf.to_container(load_config(["profile=realsize", "exp_dir=/x"]), resolve=True)
+    real = OmegaConf.to_container(load_config([f"profile={PAIRS[twin]}", "exp_dir=/x"]), resolve=True)
+    size = OmegaConf.to_container(load_config([f"profile={twin}", "exp_dir=/x"]), resolve=True)
     diff = differing_keys(real, size)
     assert diff <= set(ALLOWED_DIFFERENCES), f"undeclared differences: {sorted(diff - set(ALLOWED_DIFFERENCES))}"
     # the same engines, backend and judges as the real recipe
     for key in ("train.engine", "reward.backend", "eval.asr", "eval.speaker_model", "model.family"):
         assert key not in diff
-    assert size["train"]["engine"] == "verl" and size["reward"]["backend"] == "cosyvoice2"
+    assert size["train"]["engine"] == "verl" and size["reward"]["backend"] == size["model"]["family"] == PAIRS[twin]
 
 
-@pytest.fixture(scope="module")
-def realsize_cfg():
+@pytest.fixture(scope="module", params=list(PAIRS))
+def realsize_cfg(request):
     from grpo.model import prepare
 
-    cfg = load_config(["profile=realsize"])
+    cfg = load_config([f"profile={request.param}"])
     if not (Path(cfg.model.hf_dir) / "speech_tokens.json").exists():
         prepare.run(cfg)
     return cfg
@@ -83,18 +89,31 @@ def realsize_cfg():
 @pytest.mark.slow
 @pytest.mark.realsize
 def test_every_released_file_is_built_at_the_released_size(realsize_cfg):
+    from grpo.upstream import config_file
+
     cv_dir = Path(realsize_cfg.model.cosyvoice_dir)
-    missing = [f for f in RELEASED_FILES if not (cv_dir / f).exists()]
+    fam = family(realsize_cfg.model.family)
+    missing = [f for f in released_files(fam) if not (cv_dir / f).exists()]
     assert not missing
-    # the released directory's file sizes (public listing): the state dicts of CosyVoice's own classes at the
-    # released sizes come out within 0.01 % of them; BlankEN's bf16 Qwen2 body byte for byte
-    released = {"llm.pt": 2023316821, "flow.pt": 450575567, "hift.pt": 83390254,
-                "CosyVoice-BlankEN/model.safetensors": 988097824, "CosyVoice-BlankEN/vocab.json": 2776833}
-    for name, size in released.items():
-        assert abs((cv_dir / name).stat().st_size - size) / size < 1e-4, name
     hf = json.loads((Path(realsize_cfg.model.hf_dir) / "speech_tokens.json").read_text())
-    # Qwen's 151,643 BPE tokens + Qwen2's 3 added + CosyVoice's 17 specials; + 6561 speech + 5 control, padded
-    assert hf["text_vocab_size"] == 151643 + 3 + 17 and hf["vocab_size"] == 158336
+    if fam.name == "cosyvoice2":
+        # the released directory's file sizes (public listing): the state dicts of CosyVoice's own classes at the
+        # released sizes come out within 0.01 % of them; BlankEN's bf16 Qwen2 body byte for byte
+        released = {"llm.pt": 2023316821, "flow.pt": 450575567, "hift.pt": 83390254,
+                    "CosyVoice-BlankEN/model.safetensors": 988097824, "CosyVoice-BlankEN/vocab.json": 2776833}
+        for name, size in released.items():
+            assert abs((cv_dir / name).stat().st_size - size) / size < 1e-4, name
+        # Qwen's 151,643 BPE tokens + Qwen2's 3 added + CosyVoice's 17 specials; + 6561 speech + 5 control, padded
+        assert hf["text_vocab_size"] == 151643 + 3 + 17 and hf["vocab_size"] == 158336
+    else:
+        # upstream's cosyvoice3.yaml as it ships (the released sizes are its own), the DiT at ~332 M parameters
+        assert (cv_dir / fam.yaml).read_bytes() == config_file(
+            "examples/libritts/cosyvoice3/conf/cosyvoice3.yaml").read_bytes()
+        flow = torch.load(cv_dir / "flow.pt", map_location="cpu", weights_only=True)
+        dit = sum(v.numel() for k, v in flow.items() if k.startswith("decoder.estimator."))
+        assert 320e6 < dit < 345e6, dit
+        # Qwen's BPE + Qwen2's 3 + CosyVoice3Tokenizer's 278 specials = 151,924; + 6561 speech + 200 rows, padded
+        assert hf["text_vocab_size"] == 151924 and hf["vocab_size"] == -(-(151924 + 6561 + 200) // 128) * 128
 
 
 @pytest.mark.slow
@@ -140,7 +159,8 @@ def test_converted_tokenizer_ids_equal_cosyvoices_own_tokenizer(realsize_cfg):
     configs = load_cosyvoice_yaml(realsize_cfg.model.cosyvoice_dir, skip=["llm", "flow", "hift"])
     cosyvoice = configs["get_tokenizer"]()
     hf = AutoTokenizer.from_pretrained(realsize_cfg.model.hf_dir)
-    for text in MIXED_TEXTS:
+    prefixed = family(realsize_cfg.model.family).prompt_prefix + "希望你以后能够做的比我还好呦。"
+    for text in [*MIXED_TEXTS, prefixed, "[breath]因为他们那一辈人[breath]"]:
         assert hf.encode(text, add_special_tokens=False) == cosyvoice.encode(text, allowed_special="all"), text
     # the real BPE merges Chinese words into multi-character tokens (a per-character tokenizer would not)
     assert len(cosyvoice.encode("今天天气很好", allowed_special="all")) < len("今天天气很好")
@@ -148,9 +168,10 @@ def test_converted_tokenizer_ids_equal_cosyvoices_own_tokenizer(realsize_cfg):
 
 @pytest.mark.slow
 @pytest.mark.realsize
-def test_converted_log_probs_equal_cosyvoices_qwen2lm_at_real_size(realsize_cfg):
-    """Full-vocabulary log-probs of the HF model (158,336 columns) at random positions equal the log-softmax of
-    CosyVoice's Qwen2LM (llm_decoder over the Qwen2 body) on the speech rows, and the rest carries no mass."""
+def test_converted_log_probs_equal_upstreams_lm_at_real_size(realsize_cfg):
+    """Full-vocabulary log-probs of the HF model (158,336 / 158,720 columns) at random positions equal the log-softmax
+    of upstream's Qwen2LM / CosyVoice3LM (llm_decoder over the Qwen2 body) on the speech rows, and the rest carries
+    no mass."""
     from grpo.model.convert import load_cosyvoice_llm
     from grpo.model.cosyvoice_lm import CosyVoiceLMForCausalLM
     from grpo.model.speech_vocab import SpeechVocab
@@ -166,18 +187,20 @@ def test_converted_log_probs_equal_cosyvoices_qwen2lm_at_real_size(realsize_cfg)
     text = torch.randint(0, 151000, (1, 12), generator=gen)
     speech = torch.randint(0, vocab.speech_token_size, (1, 20), generator=gen)
     with torch.no_grad():
-        # CosyVoice2's LM input: sos, text embeddings, task_id, speech embeddings (llm.py inference)
-        emb = torch.cat([llm.llm_embedding.weight[0][None, None], llm.llm.model.model.embed_tokens(text),
-                         llm.llm_embedding.weight[1][None, None], llm.speech_embedding(speech)], dim=1)
+        # the LM input of Qwen2LM.inference: sos, text embeddings, task_id, speech embeddings; sos and task_id are
+        # llm_embedding rows (CosyVoice2) or speech_embedding rows (CosyVoice3)
+        rows = llm.llm_embedding if hasattr(llm, "llm_embedding") else llm.speech_embedding
+        emb = torch.cat([rows.weight[llm.sos][None, None], llm.llm.model.model.embed_tokens(text),
+                         rows.weight[llm.task_id][None, None], llm.speech_embedding(speech)], dim=1)
         hidden = llm.llm.model.model(inputs_embeds=emb).last_hidden_state
-        ref = torch.log_softmax(llm.llm_decoder(hidden), dim=-1)              # (1, L, 6564)
+        ref = torch.log_softmax(llm.llm_decoder(hidden), dim=-1)              # (1, L, 6564 / 6761)
     del llm
     model = CosyVoiceLMForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     ids = torch.cat([torch.tensor([[vocab.sos_token_id]]), text, torch.tensor([[vocab.task_id_token_id]]),
                      speech + vocab.speech_token_offset], dim=1)
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)   # (1, L, 158336)
-    assert logp.shape[-1] == vocab.vocab_size == 158336
+    assert logp.shape[-1] == vocab.vocab_size and vocab.vocab_size > 158000
     positions = torch.randperm(ids.shape[1], generator=gen)[:10]
     first = vocab.speech_token_offset
     speech_rows = logp[0, positions, first:first + vocab.num_speech_rows]
@@ -232,29 +255,31 @@ def test_the_chinese_judge_is_the_model_seed_tts_eval_loads():
 
 @pytest.mark.slow
 @pytest.mark.realsize
-def test_the_released_layout_runs_in_upstreams_cosyvoice2_and_our_stages_equal_it(realsize_cfg):
-    """Upstream's own entry class `CosyVoice2(model_dir)` (cosyvoice/cli/cosyvoice.py at the pinned commit) loads the
-    realsize build, and is the reference for what the stages compute from the same directory: text normalisation,
-    the zero-shot LLM input (prompt and target tokenized apart), the prompt's speaker features (its frontend on the
-    real AISHELL clips) and token2wav (batched here, per utterance there, the same seeds)."""
+def test_the_released_layout_runs_in_upstreams_entry_class_and_our_stages_equal_it(realsize_cfg):
+    """Upstream's own entry class `CosyVoice2(model_dir)` / `CosyVoice3(model_dir)` (cosyvoice/cli/cosyvoice.py at the
+    pinned commit) loads the realsize build, and is the reference for what the stages compute from the same
+    directory: text normalisation, the zero-shot LLM input (the family's prefixed prompt text and the target
+    tokenized apart), the prompt's speaker features (its frontend on the real AISHELL clips) and token2wav (batched
+    here, per utterance there, the same seeds; CosyVoice3's silences trimmed first, as llm_job does)."""
     import numpy as np
-    from cosyvoice.cli.cosyvoice import CosyVoice2
     from transformers import AutoTokenizer
 
     from grpo.evaluate.evaluator import build_inputs, prompt_features
     from grpo.evaluate.test_sets import ZeroShotItem
     from grpo.model.speech_vocab import SpeechVocab
     from grpo.shims import torchaudio_load
+    from grpo.speech.family import upstream_class
     from grpo.speech.text_frontend import normalize, normalize_prompt
     from grpo.speech.token2wav import Token2Wav
 
     cfg = realsize_cfg
+    fam = family(cfg.model.family)
     torchaudio_load()
-    cv = CosyVoice2(str(cfg.model.cosyvoice_dir))
+    cv = upstream_class(fam.upstream_entry)(str(cfg.model.cosyvoice_dir))
     blank = Path(cfg.model.cosyvoice_dir) / "CosyVoice-BlankEN"
     for text in MIXED_TEXTS:    # a target as inference_zero_shot splits it; a prompt text unsplit
-        assert normalize(text, blank) == "".join(cv.frontend.text_normalize(text, split=True)), text
-        assert normalize_prompt(text, blank) == cv.frontend.text_normalize(text, split=False), text
+        assert normalize(text, blank, fam.name) == "".join(cv.frontend.text_normalize(text, split=True)), text
+        assert normalize_prompt(text, blank, fam.name) == cv.frontend.text_normalize(text, split=False), text
     clips = [json.loads(line) for line in Path(cfg.reward.prompt_speakers.clips).read_text().splitlines()]
     items = [ZeroShotItem(f"u{i}", c["text"], target, prompt_wav=c["wav"])
              for i, (c, target) in enumerate(zip(clips, ["CosyVoice 2.0 在 2024 年发布。", "今天天气很好"]))]
@@ -263,12 +288,15 @@ def test_the_released_layout_runs_in_upstreams_cosyvoice2_and_our_stages_equal_i
     ours = build_inputs(items, feats, tok, vocab, llm_prompt=True, frontend_dir=str(blank))
     refs = []
     for it, x in zip(items, ours):
-        # CosyVoice2.inference_zero_shot: normalised prompt, the target's one segment, frontend_zero_shot
-        prompt = cv.frontend.text_normalize(it.prompt_text, split=False)
+        # inference_zero_shot: normalised prompt (the family's prefix first, as upstream's examples pass it), the
+        # target's one segment, frontend_zero_shot
+        prompt = cv.frontend.text_normalize(fam.prompt_prefix + it.prompt_text, split=False)
         (segment,) = cv.frontend.text_normalize(it.text, split=True)
         ref = cv.frontend.frontend_zero_shot(segment, prompt, it.prompt_wav, cv.sample_rate, "")
         refs.append(ref)
         # Qwen2LM.inference: [sos, prompt text + text, task_id, prompt speech]
+        if fam.prompt_prefix:
+            assert 151646 in ref["prompt_text"][0].tolist()          # CosyVoice3LM.inference's assertion holds
         assert x["input_ids"] == [vocab.sos_token_id, *ref["prompt_text"][0].tolist(), *ref["text"][0].tolist(),
                                   vocab.task_id_token_id, *vocab.to_hf_ids(ref["llm_prompt_speech_token"][0].tolist())]
         for key in ("flow_prompt_speech_token", "llm_prompt_speech_token", "prompt_speech_feat", "flow_embedding"):
@@ -276,12 +304,14 @@ def test_the_released_layout_runs_in_upstreams_cosyvoice2_and_our_stages_equal_i
     # token2wav: 30 and 45 random tokens on each item's prompt, batched vs upstream's per-utterance path
     gen = torch.Generator().manual_seed(5)
     tokens = [torch.randint(0, 6561, (n,), generator=gen).tolist() for n in (30, 45)]
+    tokens[1][10:18] = [2] * 8                    # CosyVoice3: a silent run longer than llm_job keeps
     wavs = Token2Wav(cfg.model.cosyvoice_dir).batch(tokens, [feats[it.id] for it in items], seeds=[7, 8])
     for i, (tok_i, ref) in enumerate(zip(tokens, refs)):
         cv.model.hift_cache_dict[f"u{i}"] = None
         torch.manual_seed(7 + i)
         with torch.inference_mode():
-            want = cv.model.token2wav(torch.tensor([tok_i]), ref["flow_prompt_speech_token"], ref["prompt_speech_feat"],
+            want = cv.model.token2wav(torch.tensor([fam.trim_silence(tok_i)]), ref["flow_prompt_speech_token"],
+                                      ref["prompt_speech_feat"],
                                       ref["flow_embedding"], token_offset=0, uuid=f"u{i}", stream=False, finalize=True)
         assert wavs[i].shape == (want.shape[1],)
         np.testing.assert_allclose(wavs[i], want[0].numpy(), rtol=0, atol=1e-3)
