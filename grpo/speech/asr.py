@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,11 @@ class FunASR:
 
         if not Path(model_dir, "config.yaml").exists():
             raise FileNotFoundError(f"{model_dir}/config.yaml not found: not a funasr model directory")
-        self.model = AutoModel(model=str(model_dir), device=device, disable_update=True, log_level="ERROR")
+        # ncpu: AutoModel sets torch's intra-op threads to it, default 4 (funasr/auto/auto_model.py, build_model,
+        # `torch.set_num_threads(ncpu)`): on a 2-core machine that oversubscribes every later torch op of the
+        # process -- CosyVoice3's DiT flow in a reward replica ran 15x slower. Keep the process's own setting.
+        self.model = AutoModel(model=str(model_dir), device=device, disable_update=True, log_level="ERROR",
+                               ncpu=torch.get_num_threads())
         self.language, self.batch_size = language, batch_size
 
     def transcribe(self, wavs: list[np.ndarray], languages: list[str] | None = None) -> list[str]:

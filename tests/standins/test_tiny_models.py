@@ -66,9 +66,19 @@ def test_flow_and_hift_load_and_make_audio(tiny_cfg):
 
 
 def test_tiny_sensevoice_loads_with_funasr_automodel(tiny_cfg):
+    """...and leaves the process's torch threads alone (funasr's AutoModel sets them to its ncpu, default 4: on
+    2 cores every later torch op, the reward replica's flow among them, ran oversubscribed)."""
+    import torch
+
     from grpo.speech.asr import FunASR
 
-    asr = FunASR(tiny_cfg().model.sensevoice_dir)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        asr = FunASR(tiny_cfg().model.sensevoice_dir)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
     out = asr.transcribe([rng.standard_normal(16000).astype(np.float32) * 0.1 for _ in range(3)])
     assert len(out) == 3 and all(isinstance(t, str) for t in out)
