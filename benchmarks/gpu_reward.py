@@ -1,9 +1,11 @@
-"""The cosyvoice2 reward backend at the real model sizes: CosyVoice2-0.5B's flow and HiFT and SenseVoiceSmall's
-encoder (512 wide, 50 + 20 blocks) at the realsize profile's sizes (conf/profile/realsize.yaml), built from their
-configs with random weights -- nothing is downloaded. It measures
+"""A reward backend at the real model sizes: CosyVoice2-0.5B's flow and HiFT (`--family cosyvoice2`) or
+Fun-CosyVoice3-0.5B-2512's DiT flow and causal HiFT (`--family cosyvoice3`), and SenseVoiceSmall's encoder (512 wide,
+50 + 20 blocks) at the realsize profiles' sizes (conf/profile/realsize.yaml), built from their configs with random
+weights -- nothing is downloaded. It measures
 samples/s one item at a time vs batched (length buckets), fp32 vs bf16 autocast, and peak memory.
 
     .venv/bin/python benchmarks/gpu_reward.py                         # a GPU: 64 items of 150 tokens (6 s)
+    .venv/bin/python benchmarks/gpu_reward.py --family cosyvoice3     # the same for CosyVoice3
     .venv/bin/python benchmarks/gpu_reward.py --items 2 --tokens 25   # the CPU smoke CI runs
 
 Random weights make the work real (every layer runs at its size) and the transcripts meaningless; the
@@ -28,16 +30,16 @@ from omegaconf import OmegaConf
 REALSIZE = OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "profile" / "realsize.yaml").model.realsize
 
 
-def build_models(root: Path, texts: list[str]) -> tuple[Path, Path]:
-    """flow.pt + hift.pt + cosyvoice2.yaml, and a SenseVoiceSmall directory, all at the real sizes."""
+def build_models(root: Path, texts: list[str], family_name: str) -> tuple[Path, Path]:
+    """flow.pt + hift.pt + the family's yaml, and a SenseVoiceSmall directory, all at the real sizes."""
     from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.speech.family import family
     from grpo.standins.released_layout import write_cosyvoice_yaml
     from grpo.standins.tiny import build_sensevoice_dir
 
-    cv_dir, sv_dir = root / "CosyVoice2-0.5B", root / "SenseVoiceSmall"
+    cv_dir, sv_dir = root / family_name, root / "SenseVoiceSmall"
     cv_dir.mkdir(parents=True)
-    sizes = REALSIZE
-    write_cosyvoice_yaml(cv_dir, sizes)
+    write_cosyvoice_yaml(cv_dir, REALSIZE, family(family_name))
     torch.manual_seed(0)
     configs = load_cosyvoice_yaml(cv_dir, skip=["llm"])
     for name in ("flow", "hift"):
@@ -76,6 +78,7 @@ def measure(backend, items, batched: bool, device: str, repeats: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", default="cosyvoice2", choices=["cosyvoice2", "cosyvoice3"])
     parser.add_argument("--items", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=150, help="speech tokens per item (25 a second)")
     parser.add_argument("--prompt-tokens", type=int, default=75, help="prompt speaker length in tokens")
@@ -95,11 +98,12 @@ def main() -> None:
     items = [ScoreItem(f"bench-{i}", tuple(rng.randrange(6561) for _ in range(args.tokens)), texts[i % len(texts)])
              for i in range(args.items)]
     speakers = tiny_speakers(4, 0, prompt_tokens=args.prompt_tokens)
-    result = {"benchmark": "gpu_reward", "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+    result = {"benchmark": "gpu_reward", "family": args.family,
+              "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "items": args.items, "tokens_per_item": args.tokens, "threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        cv_dir, sv_dir = build_models(Path(tmp), texts)
+        cv_dir, sv_dir = build_models(Path(tmp), texts, args.family)
         print(f"real-size models built in {time.perf_counter() - start:.0f} s")
         asr = FunASR(sv_dir, device=args.device, batch_size=max(1, args.items))
         for dtype in dtypes:

@@ -28,11 +28,12 @@ def test_server_benchmark_three_ways_agree(tiny_exp):
 
 
 @pytest.mark.fullsize
-def test_gpu_reward_benchmark_smoke_on_cpu():
+@pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
+def test_gpu_reward_benchmark_smoke_on_cpu(family):
     """benchmarks/gpu_reward.py at the real model sizes, two short items on this CPU."""
-    result = run_benchmark("benchmarks/gpu_reward.py", "--items", "2", "--tokens", "25", "--prompt-tokens", "25",
-                           "--repeats", "1", "--device", "cpu")
-    assert result["device"] == "cpu" and result["items"] == 2
+    result = run_benchmark("benchmarks/gpu_reward.py", "--family", family, "--items", "2", "--tokens", "25",
+                           "--prompt-tokens", "25", "--repeats", "1", "--device", "cpu")
+    assert result["device"] == "cpu" and result["items"] == 2 and result["family"] == family
     for mode in ("batch1_float32", "batched_float32"):
         assert result[mode]["samples_per_s"] > 0 and result[mode]["peak_gib"] > 1     # real sizes: GiBs
 
@@ -60,3 +61,18 @@ def test_reward_design_table_from_reports(tmp_path):
     row = reward_design.table({"cer": runs}).splitlines()[2]
     # CER 0.3, 0.4: mean 0.35, sd sqrt(((0.05)^2 * 2) / 1) = 0.0707; gain 0.4, 0.2: mean 0.3, sd 0.1414
     assert row.startswith("| CER alone | 0.350 ± 0.071 (0.300, 0.400) | 0.300 ± 0.141 (0.400, 0.200) |")
+
+
+def test_step_split_is_the_median_of_verls_timings(tmp_path):
+    """benchmarks/step_split.py: per figure, the median over the steps that logged it (hand-made metrics)."""
+    train = tmp_path / "exp" / "train"
+    train.mkdir(parents=True)
+    steps = [{"timing_s/gen": 40.0, "timing_s/update_actor": 30.0, "timing_s/step": 80.0},
+             {"timing_s/gen": 50.0, "timing_s/update_actor": 36.0, "timing_s/step": 95.0,
+              "timing_s/save_checkpoint": 6.0},
+             {"timing_s/gen": 44.0, "timing_s/update_actor": 32.0, "timing_s/step": 90.0}]
+    train.joinpath("metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **s}) + "\n"
+                                                       for i, s in enumerate(steps)))
+    result = run_benchmark("benchmarks/step_split.py", str(tmp_path / "exp"))
+    assert result[str(tmp_path / "exp")] == {"gen": 44.0, "update_actor": 32.0, "save_checkpoint": 6.0,
+                                             "step": 90.0}
