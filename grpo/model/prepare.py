@@ -26,9 +26,10 @@ from grpo.speech.family import family, family_of_dir
 log = logging.getLogger(__name__)
 
 BUILD_STAMP = ".tiny_build.json"
-TINY_BUILD_VERSION = 5      # bump when grpo.standins.tiny builds differently (2: SenseVoice BPE with its tag pieces,
+TINY_BUILD_VERSION = 6      # bump when grpo.standins.tiny builds differently (2: SenseVoice BPE with its tag pieces,
                             # 3: a campplus.onnx stand-in, 4: warm start on random strings of every character,
-                            # 5: the model family, upstream CosyVoice at the pinned commit)
+                            # 5: the model family, upstream CosyVoice at the pinned commit,
+                            # 6: the BPE learns the family's prompt prefix)
 
 
 def _read_rows(paths) -> list[dict]:

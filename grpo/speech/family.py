@@ -39,8 +39,7 @@ class Family:
     upstream_tokenizer: str          # module:class of upstream's tokenizer, LM, model and entry class
     upstream_lm: str
     upstream_model: str
-    upstream_entry: str
-    modelscope_id: str               # where stage -1 of a GPU profile downloads the model directory
+    upstream_entry: str              # (where a GPU profile downloads the directory from: model.modelscope.cosyvoice)
 
     @property
     def has_llm_embedding(self) -> bool:
@@ -78,7 +77,7 @@ FAMILIES = {
         speech_tokenizer="speech_tokenizer_v2.onnx", prompt_prefix="",
         upstream_tokenizer="cosyvoice.tokenizer.tokenizer:CosyVoice2Tokenizer", upstream_lm="cosyvoice.llm.llm:Qwen2LM",
         upstream_model="cosyvoice.cli.model:CosyVoice2Model",
-        upstream_entry="cosyvoice.cli.cosyvoice:CosyVoice2", modelscope_id="iic/CosyVoice2-0.5B"),
+        upstream_entry="cosyvoice.cli.cosyvoice:CosyVoice2"),
     "cosyvoice3": Family(
         name="cosyvoice3", yaml="cosyvoice3.yaml", tokenizer_version="cosyvoice3", extra_speech_rows=200,
         eos_row=1, stop_rows=tuple(range(200)), sos_row=0, task_id_row=2,
@@ -87,7 +86,7 @@ FAMILIES = {
         speech_tokenizer="speech_tokenizer_v3.onnx", prompt_prefix="You are a helpful assistant.<|endofprompt|>",
         upstream_tokenizer="cosyvoice.tokenizer.tokenizer:CosyVoice3Tokenizer",
         upstream_lm="cosyvoice.llm.llm:CosyVoice3LM", upstream_model="cosyvoice.cli.model:CosyVoice3Model",
-        upstream_entry="cosyvoice.cli.cosyvoice:CosyVoice3", modelscope_id="FunAudioLLM/Fun-CosyVoice3-0.5B-2512"),
+        upstream_entry="cosyvoice.cli.cosyvoice:CosyVoice3"),
 }
 
 

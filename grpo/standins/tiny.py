@@ -57,12 +57,15 @@ def build_text_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> in
 
 
 def build_cosyvoice_dir(model_dir: Path, tiny: DictConfig, texts: list[str], family: Family) -> None:
-    """The family's released layout (grpo.standins.released_layout) at tiny sizes, with a BPE trained on `texts`; no
-    speech tokenizer (the tiny profile's prompts are seeded stand-ins, not wavs)."""
+    """The family's released layout (grpo.standins.released_layout) at tiny sizes, with a BPE trained on `texts` and
+    the family's prompt prefix (so that its English words are whole tokens, as in Qwen's real BPE: CosyVoice3's
+    prefix is then 7 tokens, not 29 bytes, and the tiny LLM's warm start gets past its phase change); no speech
+    tokenizer (the tiny profile's prompts are seeded stand-ins, not wavs)."""
     from grpo.standins.released_layout import build_cosyvoice_dir as build_released
 
-    build_released(model_dir, tiny, lambda blank: build_text_tokenizer(texts, tiny.text_vocab_size, blank), family,
-                   speech_tokenizer=False)
+    bpe_texts = [*texts, *[family.prompt_prefix] * bool(family.prompt_prefix)]
+    build_released(model_dir, tiny, lambda blank: build_text_tokenizer(bpe_texts, tiny.text_vocab_size, blank),
+                   family, speech_tokenizer=False)
 
 
 def write_funasr_config(out_dir: Path, template: str, sizes: DictConfig, seed: int) -> DictConfig:

@@ -226,6 +226,15 @@ def test_the_tiny3_build_converts_exactly_and_exports_into_cosyvoice3lm(tiny3_cf
     assert list(exported) == list(original) and all(torch.equal(exported[k], original[k]) for k in original)
 
 
+def test_the_tiny3_bpe_holds_the_prefix_words_whole_as_qwens_does(tiny3_cfg):
+    """The tiny BPE learns the prompt prefix, so its English words are single tokens as in Qwen's real BPE (6 of
+    them, then <|endofprompt|>), not 28 bytes the tiny LLM must learn to skip."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny3_cfg().model.hf_dir)
+    assert tok.tokenize(CV3.prompt_prefix) == ["You", "Ġare", "Ġa", "Ġhelpful", "Ġassistant", ".", "<|endofprompt|>"]
+
+
 def test_a_family_mismatch_stops_stage_minus_1_in_one_line(tiny3_cfg, tmp_path):
     """model.family must say what the model directory holds (here a CosyVoice3 dir declared cosyvoice2)."""
     from grpo.model import prepare
