@@ -6,12 +6,12 @@ them in flight: a step's responses reach the server as a stream of small request
 @serve.batch joins into full batches, each routed to a replica as earlier ones complete. (A burst of
 requests sent at once is routed before any replica's queue grows: measured, all of them can land on
 one replica while the others idle.)
-Connection errors, 5xx, 429 and 503 answers, and items the server reports as failed (status "error"),
-are retried with exponential backoff and jitter until `retry_budget_s` has passed (long enough to ride out
-a replica restart) or `retries` attempts were made; then those callers -- and only those -- get
-RewardServerError: there is never a silent 0.0. A 4xx names the bad items: those callers get
-RewardRequestError and the rest of the request is sent again without them; a request over the server's
-size limits (413) is split in halves.
+Connection errors, 5xx, 429 and 503 answers, Serve's 404 while the application is not yet deployed, and items
+the server reports as failed (status "error") are retried with exponential backoff and jitter until
+`retry_budget_s` has passed (long enough to ride out a replica restart) or `retries` attempts were made; then
+those callers -- and only those -- get RewardServerError: there is never a silent 0.0. A 4xx names the bad
+items: those callers get RewardRequestError and the rest of the request is sent again without them; a request
+over the server's size limits (413) is split in halves.
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 
 class RewardServerError(RuntimeError):
     """The server could not score (unreachable, or failing) after every retry."""
+
+
+def serve_not_routed_yet(resp: httpx.Response) -> bool:
+    """Ray Serve's proxy is up but the reward application is not (yet) deployed on it -- a server (re)starting on
+    the same port: its 404 "Path '/score' not found. Ping http://.../-/routes for available routes." (ray 2.60.0,
+    ray/serve/_private/proxy.py). Transient, unlike a 404 of the application itself."""
+    return resp.status_code == 404 and "/-/routes for available routes" in resp.text
 
 
 class RewardRequestError(RewardServerError):
@@ -122,7 +129,7 @@ class RewardClient:
                 todo = [i for i, _ in failed]
                 last_error = f"{len(todo)} item(s) failed on the server ({failed[0][1].get('detail', '')[:100]})"
                 continue
-            if resp.status_code >= 500 or resp.status_code == 429:
+            if resp.status_code >= 500 or resp.status_code == 429 or serve_not_routed_yet(resp):
                 last_error = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
             try:
