@@ -136,15 +136,16 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
         from grpo.speech.speakers import load_speakers
         from grpo.speech.token2wav import Token2Wav
 
+        found = family_of_dir(cfg.model.cosyvoice_dir).name       # checked before any model is loaded
+        if found != r.backend:
+            raise ValueError(f"reward.backend={r.backend}, but model.cosyvoice_dir={cfg.model.cosyvoice_dir} holds a "
+                             f"{found} model")
         speakers = load_speakers(r.prompt_speakers.features)    # built by stage -1, once, in the driver
         verifier = None
         if "sim" in RewardSpec.from_config(r).active:        # a model run per item: only when it counts
             from grpo.speech.speaker_similarity import SpeakerSimilarity
 
             verifier = SpeakerSimilarity(r.sim.model)
-        if family_of_dir(cfg.model.cosyvoice_dir).name != r.backend:
-            raise ValueError(f"reward.backend={r.backend}, but model.cosyvoice_dir={cfg.model.cosyvoice_dir} holds a "
-                             f"{family_of_dir(cfg.model.cosyvoice_dir).name} model")
         t2w = Token2Wav(cfg.model.cosyvoice_dir, device, r.token2wav.dtype, r.token2wav.max_frames_per_batch)
         return CosyVoiceBackend(t2w, speakers,
                                  build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size),

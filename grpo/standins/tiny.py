@@ -63,7 +63,7 @@ def build_cosyvoice_dir(model_dir: Path, tiny: DictConfig, texts: list[str], fam
     tokenizer (the tiny profile's prompts are seeded stand-ins, not wavs)."""
     from grpo.standins.released_layout import build_cosyvoice_dir as build_released
 
-    bpe_texts = [*texts, *[family.prompt_prefix] * bool(family.prompt_prefix)]
+    bpe_texts = [*texts, family.prompt_prefix] if family.prompt_prefix else texts
     build_released(model_dir, tiny, lambda blank: build_text_tokenizer(bpe_texts, tiny.text_vocab_size, blank),
                    family, speech_tokenizer=False)
 

@@ -47,6 +47,13 @@ def test_cosyvoice2_backend_speaker_is_fixed_by_id(tiny_cfg):
     assert other > 10 * own, "the prompt speaker does not change the audio"
 
 
+def test_a_backend_of_the_other_family_stops_before_loading_a_model(tiny_cfg):
+    """reward.backend names the family of model.cosyvoice_dir (here cosyvoice3 against the tiny CosyVoice2 dir)."""
+    cfg = tiny_cfg("reward.backend=cosyvoice3", "reward.prompt_speakers.features=/nonexistent/speakers.pt")
+    with pytest.raises(ValueError, match="reward.backend=cosyvoice3, but .* holds a cosyvoice2 model"):
+        build_backend(cfg)
+
+
 def test_batched_flow_equals_cosyvoices_own_inference(tiny_cfg):
     """Token2Wav.flow_batch runs CosyVoice's flow modules on a padded batch; each utterance must equal
     CosyVoice's own one-utterance `flow.inference`."""
