@@ -2,7 +2,8 @@
 
 Input lines: {"text": str, "language": "zh"|"en" (optional), "id": str|int (optional)}.
 Every bad line of every file is reported with file and line number; on any problem nothing is
-written (each parquet goes to a temporary file and is renamed only when all files are good).
+written (each parquet goes to a temporary file and is renamed only when all files are good). data.sources are
+fetched first (grpo/sources.py); training lines that are targets of an evaluation set follow data.eval_overlap.
 """
 
 from __future__ import annotations
@@ -179,7 +180,47 @@ def check_speech_budget(rows: list[dict], path: str, cfg: DictConfig, max_speech
     return rows, []
 
 
-def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | None = None) -> dict[str, Path]:
+def overlap_key(text: str) -> str:
+    """Text as compared against evaluation targets: letters and digits only, lower case."""
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def eval_targets(eval_cfg: DictConfig) -> dict[str, set[str]]:
+    """The target texts (overlap keys) of eval.data_path and every eval.extra_sets entry that exists yet."""
+    from grpo.evaluate.test_sets import load_set
+
+    sets = [("eval", eval_cfg.set, eval_cfg.data_path, eval_cfg.get("language"))]
+    sets += [(x["name"], x.get("set", eval_cfg.set), x["data_path"], x.get("language", eval_cfg.get("language")))
+             for x in eval_cfg.get("extra_sets") or []]
+    out = {}
+    for name, kind, path, language in sets:
+        if resolve_path(path).exists():
+            out[name] = {overlap_key(it.text) for it in load_set(kind, resolve_path(path), language)}
+        else:
+            log.warning("evaluation set %s (%s) not there yet: training text not checked against it", name, path)
+    return out
+
+
+def check_eval_overlap(rows: list[dict], path: str, targets: dict[str, set[str]], policy: str
+                       ) -> tuple[list[dict], list[Problem]]:
+    """Training lines that are also a target of an evaluation set: data.eval_overlap = keep (logged), drop, error."""
+    if policy not in ("keep", "drop", "error"):
+        raise ValueError(f"data.eval_overlap must be keep, drop or error, got {policy!r}")
+    hits = {id(r): [n for n, keys in targets.items() if overlap_key(r["text"]) in keys] for r in rows}
+    hits = {k: v for k, v in hits.items() if v}
+    for name in targets:
+        n = sum(name in v for v in hits.values())
+        if n:
+            log.warning("%s: %d line(s) are targets of the evaluation set %s (data.eval_overlap=%s)", Path(path).name,
+                        n, name, policy)
+    if policy == "error":
+        return rows, [Problem(path, r["line"], f"a target of the evaluation set(s) {', '.join(hits[id(r)])}")
+                      for r in rows if id(r) in hits]
+    return ([r for r in rows if id(r) not in hits] if policy == "drop" else rows), []
+
+
+def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | None = None,
+            eval_sets: dict[str, set[str]] | None = None) -> dict[str, Path]:
     """Validate every input file first, then write all parquet files (or none). The training split must hold
     at least `min_train_rows` prompts (one batch: train.batch_size), or no step could ever run; lines longer
     than the response budget are handled by `check_speech_budget`."""
@@ -195,7 +236,10 @@ def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | N
         rows, bad = read_jsonl(path, cfg)
         rows, dup_problems, n_dup = check_duplicates(rows, str(path), cfg.duplicates)
         rows, long_problems = check_speech_budget(rows, str(path), cfg, max_speech_tokens)
-        problems += bad + dup_problems + long_problems
+        overlap_problems = []
+        if split == "train" and eval_sets:
+            rows, overlap_problems = check_eval_overlap(rows, str(path), eval_sets, cfg.eval_overlap)
+        problems += bad + dup_problems + long_problems + overlap_problems
         if n_dup:
             log.info("%s: %d duplicate text(s) (%s)", path.name, n_dup, cfg.duplicates)
         if not rows and not bad:
@@ -215,9 +259,13 @@ def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | N
 
 
 def run(cfg: DictConfig) -> int:
+    from grpo.sources import SourceError, fetch
+
     try:
-        prepare(cfg.data, min_train_rows=cfg.train.batch_size, max_speech_tokens=cfg.train.max_response_tokens)
-    except (DataError, FileNotFoundError) as exc:
+        fetch(cfg)              # data.sources (stage -1 fetched them already: then this touches nothing)
+        prepare(cfg.data, min_train_rows=cfg.train.batch_size, max_speech_tokens=cfg.train.max_response_tokens,
+                eval_sets=eval_targets(cfg.eval))
+    except (DataError, FileNotFoundError, SourceError) as exc:
         log.error("data stage failed, nothing written. %s", exc)
         return 1
     return 0

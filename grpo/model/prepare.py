@@ -191,6 +191,13 @@ def prompt_speakers(cfg: DictConfig, clips: list[dict]) -> None:
 
 
 def run(cfg: DictConfig) -> int:
+    from grpo.sources import SourceError, fetch
+
+    try:
+        fetch(cfg)              # data.sources first: a wrong id or no network stops before any model work
+    except SourceError as exc:
+        log.error("models stage stopped, nothing written: %s", exc)
+        return 1
     if cfg.model.source == "tiny":
         build_tiny(cfg)
     elif cfg.model.source in ("modelscope", "realsize"):

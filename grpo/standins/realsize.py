@@ -64,7 +64,9 @@ def aishell_wavs() -> dict[str, Path]:
 
 
 def write_prompt_sets(cfg: DictConfig) -> None:
-    """reward.prompt_speakers.clips (JSONL) and eval.data_path (meta.lst) from the profile's `prompts` list."""
+    """reward.prompt_speakers.clips (JSONL) and eval.data_path (meta.lst) from the profile's `prompts` list: the
+    stand-ins of the hub's prompt speakers and zero-shot set, each written only when its data.sources entry is
+    not set (then the clips or the set come from that source)."""
     r = cfg.model.realsize
     wavs = aishell_wavs()
     clips, meta = [], []
@@ -77,10 +79,12 @@ def write_prompt_sets(cfg: DictConfig) -> None:
         clip = clips[k % len(clips)]
         meta.append(f"realsize_{k:03d}|{clip['text']}|{clip['wav']}|{text}")
     clips_path, meta_path = resolve_path(cfg.reward.prompt_speakers.clips), resolve_path(cfg.eval.data_path)
-    clips_path.parent.mkdir(parents=True, exist_ok=True)
-    meta_path.parent.mkdir(parents=True, exist_ok=True)
-    clips_path.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in clips), encoding="utf-8")
-    meta_path.write_text("\n".join(meta) + "\n", encoding="utf-8")
+    if not cfg.data.sources.get("prompts"):
+        clips_path.parent.mkdir(parents=True, exist_ok=True)
+        clips_path.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in clips), encoding="utf-8")
+    if not cfg.data.sources.get("eval"):
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        meta_path.write_text("\n".join(meta) + "\n", encoding="utf-8")
 
 
 def _stamp(cfg: DictConfig) -> str:

@@ -20,6 +20,8 @@ RULES = [
     ("grpo.model", ("reward_server",), "stages use grpo.speech, not the service's internals"),
     ("grpo.evaluate", ("reward_server",), "stages use grpo.speech, not the service's internals"),
     ("grpo.data", ("reward_server",), "stages use grpo.speech, not the service's internals"),
+    ("grpo.sources", ("reward_server", "grpo.train", "grpo.model", "grpo.evaluate"),
+     "fetching data knows no stage and no service"),
     ("reward_server", ("grpo.train", "grpo.evaluate", "grpo.model"), "the service stands on grpo.speech alone"),
 ]
 # the only ways into the service from the training side: its client and its launcher
