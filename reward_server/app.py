@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
+from grpo.memory import release_freed_memory
 from reward_server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from reward_server.protocol import Limits, RequestError, parse_request
 
@@ -54,6 +55,7 @@ class RewardServer:
         conf = OmegaConf.create(cfg)
         r = conf.reward
         self.backend = build_backend(conf, device="cuda" if r.gpus_per_replica > 0 else "cpu")
+        release_freed_memory()
         self.limits = limits_from(cfg["reward"])
         from grpo.speech.components import RewardSpec
 
@@ -77,6 +79,7 @@ class RewardServer:
         the others their results (a failing batch is bisected until the failing items are alone)."""
         start = time.perf_counter()
         results = await asyncio.to_thread(self.score_isolating, items)
+        release_freed_memory()
         self.metrics.batch(len(items), time.perf_counter() - start)
         return results
 

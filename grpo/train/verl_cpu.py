@@ -225,7 +225,8 @@ def patch_vllm_keep_linear_weights() -> None:
     calls `dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`, replacing each linear weight with a
     prepacked copy; verl's in-place weight sync then finds no `weight_loader` on the parameter and the rollout
     worker crashes (and the driver hangs). Keep the weights (remove_weight=False): reloads work, the
-    prepacked kernel is still used."""
+    prepacked kernel is still used (verl runs process_weights_after_loading after every sync: packed again from
+    the new weights)."""
     from vllm.model_executor.layers import linear
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
