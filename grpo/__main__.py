@@ -20,6 +20,10 @@ STAGES = {
     "export": "grpo.model.export",              # 5: HF -> CosyVoice llm.pt
 }
 
+# stages that never touch a device (stage 0's text, FSDP shards merged and llm.pt written on the CPU); every other
+# stage checks `device` first (grpo/device.py)
+DEVICE_FREE = ("data", "merge", "export")
+
 USAGE = "usage: python -m grpo {" + ",".join(STAGES) + "} [key=value ...]"
 
 
@@ -38,7 +42,17 @@ def main(argv: list[str]) -> int:
         return 2
     setup_logging()
     cfg = load_config(overrides)
-    logging.getLogger("grpo").info("stage %s, profile %s, exp_dir %s", stage, cfg.profile.name, cfg.exp_dir)
+    dry_run = stage == "train" and cfg.train.verl.get("dry_run", False)     # composes verl's command only
+    if stage not in DEVICE_FREE and not dry_run:
+        from grpo.device import DeviceError, resolve
+
+        try:
+            cfg.device = resolve(cfg)        # auto -> what this machine has; cuda that is not there -> stop here
+        except DeviceError as exc:
+            print(f"[grpo] {exc}", file=sys.stderr)
+            return 2
+    logging.getLogger("grpo").info("stage %s, profile %s, exp_dir %s, device %s", stage, cfg.profile.name,
+                                   cfg.exp_dir, cfg.device)
     result = importlib.import_module(STAGES[stage]).run(cfg)
     return int(result or 0)
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from grpo.checkpoint_selection import select_checkpoints
 from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
+from grpo.device import resolve as resolve_device
 from grpo.evaluate import cer, report
 from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
 from grpo.evaluate.test_sets import ZeroShotItem, load_set
@@ -127,7 +128,7 @@ class Evaluator:
         if self.e.write_wavs or audio_judges or hears_speaker:
             from grpo.speech.token2wav import Token2Wav
 
-            self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, "cuda" if torch.cuda.is_available() else "cpu")
+            self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, resolve_device(cfg))
         if self.e.num_samples < 1:
             raise ValueError(f"eval.num_samples must be at least 1, got {self.e.num_samples}")
         self.extra = extra_judges(self.e)
@@ -156,7 +157,7 @@ class Evaluator:
                                                                    self.e.synthetic_alt.seed)
         from grpo.speech.asr import ByLanguage, build_asr
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(self.cfg)
         m, batch = self.cfg.model, {"batch_size": self.e.asr_batch_size}
         dirs = {"sensevoice": m.sensevoice_dir, "paraformer": m.paraformer_dir, "whisper": m.whisper_dir}
         if name == "seedtts":        # Seed-TTS-eval: Paraformer-zh for Chinese, Whisper-large-v3 for English

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from grpo.decoding import length_bounds, rollout_correction, text_token_count
+from grpo.device import resolve as resolve_device
 from grpo.layout import TrainDir
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.train import local_checkpoint as checkpoint
@@ -73,7 +74,7 @@ class LocalGRPOTrainer:
         resume_dir = checkpoint.latest(self.ckpt_root) if t.resume else None
         model_dir = resume_dir or self.base_dir
         torch.manual_seed(cfg.seed)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = resolve_device(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.vocab = SpeechVocab.load(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).train()

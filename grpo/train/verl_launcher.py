@@ -222,6 +222,10 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         "actor_rollout_ref.rollout.tensor_model_parallel_size": v.tensor_model_parallel_size,
         "actor_rollout_ref.rollout.gpu_memory_utilization": t.rollout.gpu_memory_utilization,
         "actor_rollout_ref.rollout.dtype": t.rollout.dtype,
+        # train.rollout.enforce_eager on both platforms (the CPU one forces it, CPU_OVERRIDES); the KV cache holds
+        # one request of prompt + response, not the model's 32,768 positions (verl's default)
+        "actor_rollout_ref.rollout.enforce_eager": t.rollout.enforce_eager,
+        "actor_rollout_ref.rollout.max_model_len": t.max_prompt_tokens + t.max_response_tokens,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(AGENT_LOOP_CONFIG),
@@ -270,8 +274,6 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         # VLLM_CPU_KVCACHE_SPACE would override it, in whole GiB only: a real-size run needs the half GiB)
         overrides.append("++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
                          f"{int(cfg.train.rollout.cpu_kv_cache_gib * 2**30)}")
-        # ... holding one request of prompt + response, not the model's 32,768 positions (verl's default)
-        overrides.append(f"actor_rollout_ref.rollout.max_model_len={t.max_prompt_tokens + t.max_response_tokens}")
     # CosyVoice's RAS in verl's vLLM servers (used by validation requests that ask for it), and the decoding the
     # agent loop applies per item (grpo/train/verl_agent_loop.py): carried in main_ppo's config to every node
     overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value([RAS_PROCESSOR])}")
@@ -308,7 +310,9 @@ def compose_check(cmd: list[str]) -> subprocess.CompletedProcess:
 
 def run(cfg: DictConfig) -> int:
     v = cfg.train.verl
-    cpu = not cuda_available()
+    device = cfg.get("device", "auto")
+    # device=cuda was checked before the stage began (grpo/device.py); a dry run composes the GPU command without one
+    cpu = device == "cpu" or (device == "auto" and not cuda_available())
     if not cpu and not v.get("dry_run", False):
         check_gpus(v)
     cmd = command(cfg, cpu)

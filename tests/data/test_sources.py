@@ -100,6 +100,8 @@ def test_a_changed_spec_is_fetched_again(tmp_path, hub):
     ("data.sources.eval", "[{name: x, path: <cv3>, split: zero_shot_xx}]", "data.sources.eval[0].path="),
     ("data.sources.eval", "[{name: x, path: <cv3>, split: zero_shot_zh, target_text: text}]", "target_text=text"),
     ("data.sources.prompts", "{path: <aishell>, config: dev, split: test}", "data.sources.prompts.path="),
+    ("data.sources.prompts", "{path: /no/such/copy, config: test, split: test}", "/no/such/copy config=test "
+                                                                                 "split=test: FileNotFoundError"),
     ("data.sources.prompts", "{path: <aishell>, config: test, split: test, speakers: 4}", "speakers=4: only 3"),
     ("data.sources.text", "{hub: SparkAudio/voxbox, file: metadata/nope.jsonl}", "data.sources.text.hub="),
     ("data.sources.text", "{hub: SparkAudio/voxbox, file: metadata/aishell-3.jsonl, train_lines: 8}", "overlap"),

@@ -82,8 +82,10 @@ def test_a_pickled_object_is_refused(tmp_path):
 
 
 def test_cosyvoice2_profile_without_clips_fails_at_stage_minus_1_before_downloading(tmp_path, repo_root):
-    proc = subprocess.run([sys.executable, "-m", "grpo", "models", "profile=cosyvoice2", f"exp_dir={tmp_path}"],
-                          cwd=repo_root, capture_output=True, text=True, timeout=120)
+    own_data = ["device=cpu", "data.sources.text=null", "data.sources.prompts=null", "data.sources.eval=[]",
+                "reward.prompt_speakers.clips=[]"]     # (no hub here; the clips left unset)
+    proc = subprocess.run([sys.executable, "-m", "grpo", "models", "profile=cosyvoice2", f"exp_dir={tmp_path}",
+                           *own_data], cwd=repo_root, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "set reward.prompt_speakers.clips" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "models").exists()                         # nothing downloaded

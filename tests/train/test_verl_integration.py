@@ -326,9 +326,22 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
     assert OmegaConf.to_container(job.ray_kwargs.ray_init) | CPU_RAY == OmegaConf.to_container(job.ray_kwargs.ray_init)
     gpu = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=False)
     r = gpu.actor_rollout_ref.rollout            # on GPUs verl's own defaults (rollout/rollout.yaml) stand
-    assert gpu.trainer.device == "cuda" and r.enforce_eager is False and r.free_cache_engine is True
+    assert gpu.trainer.device == "cuda" and r.free_cache_engine is True
     assert "kv_cache_memory_bytes" not in r.engine_kwargs.vllm     # on GPUs gpu_memory_utilization sizes it
-    assert r.max_model_len is None
+
+
+def test_every_rollout_key_reaches_verls_gpu_config(tiny_cfg):
+    """train.rollout.* as the GPU profile sets them arrive in verl's composed GPU config (cpu_kv_cache_gib and
+    backend are named CPU / local-engine only in conf/train/default.yaml)."""
+    from grpo.config import load_config
+
+    cfg = load_config(["profile=cosyvoice2", "train.rollout.enforce_eager=false", "train.max_response_tokens=640",
+                       "train.verl.n_gpus_per_node=8"])
+    r = composed(cfg, cpu=False).actor_rollout_ref.rollout
+    assert r.enforce_eager is False and r.dtype == "bfloat16" and r.gpu_memory_utilization == 0.6
+    assert r.max_model_len == 256 + 640                              # prompt + response, not 32,768
+    eager = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=False).actor_rollout_ref
+    assert eager.rollout.enforce_eager is True                      # the default, as the config says
 
 
 def test_several_nodes_join_ray_address_with_the_cpu_environment_carried_to_the_workers(tiny_cfg, monkeypatch):

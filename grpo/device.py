@@ -1,0 +1,77 @@
+"""The device a run uses, checked before any stage works (`device` in conf/config.yaml).
+
+`device=cuda` (the GPU profiles): CUDA must be usable, with a driver new enough for the CUDA this torch was built
+for, or the stage stops in one line naming the key and the fix; there is no silent CPU fallback (stage 2 would
+otherwise pick verl's CPU platform and stage 4 would run on the CPU while the reward server was told `cuda`).
+`device=cpu`: never CUDA (the realsize profiles: verl's CPU platform). `device=auto` (tiny): CUDA when usable.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from omegaconf import DictConfig
+
+# the oldest Linux driver for each CUDA major version (NVIDIA's CUDA toolkit release notes, "CUDA Toolkit and
+# Corresponding Driver Versions", minor-version compatibility): the GPU image is CUDA 13.0 (Dockerfile)
+MIN_DRIVER = {13: (580, 0), 12: (525, 60)}
+CHOICES = ("cuda", "cpu", "auto")
+
+
+class DeviceError(SystemExit):
+    """A device the config asks for and this machine cannot give; its message is the one line a user sees."""
+
+
+def torch_cuda() -> str | None:
+    """The CUDA version this torch was built for (None: a CPU build)."""
+    import torch
+
+    return torch.version.cuda
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """(usable, why not)."""
+    import torch
+
+    if torch_cuda() is None:
+        return False, "this torch is a CPU build"
+    if not torch.cuda.is_available():
+        return False, "torch sees no usable CUDA device (no --gpus for the container, CUDA_VISIBLE_DEVICES empty, " \
+                      "or a driver too old for this torch)"
+    return True, ""
+
+
+def driver_version() -> tuple[int, ...] | None:
+    """The NVIDIA driver's version (nvidia-smi), None when it cannot be read."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return tuple(int(x) for x in out[0].split(".")) if out else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def resolve(cfg: DictConfig) -> str:
+    """`cuda` or `cpu` for this run, or DeviceError (one line) when `device` cannot be honoured."""
+    wanted = cfg.get("device", "auto")
+    if wanted not in CHOICES:
+        raise DeviceError(f"device={wanted}: expected one of {', '.join(CHOICES)}")
+    if wanted == "cpu":
+        return "cpu"
+    usable, why = cuda_usable()
+    driver, cuda = driver_version(), torch_cuda()
+    if cuda and driver:
+        need = MIN_DRIVER.get(int(cuda.split(".")[0]))
+        if need and driver < need:
+            have, want = ".".join(map(str, driver)), ".".join(map(str, need))
+            raise DeviceError(f"device={wanted} (profile {cfg.profile.name}): the NVIDIA driver {have} is older than "
+                              f"CUDA {cuda} (this torch, the image's CUDA) needs ({want} or newer): update the driver")
+    if usable:
+        return "cuda"
+    if wanted == "cuda":
+        raise DeviceError(f"device=cuda (profile {cfg.profile.name}): {why}. Run on a GPU node (docker run --gpus "
+                          f"all ...), or set device=cpu to run on the CPU on purpose")
+    return "cpu"
