@@ -43,6 +43,7 @@ def test_realsize_data_stages_read_the_recipes_datasets(tmp_path):
             "data.sources.text={hub: SparkAudio/voxbox, file: metadata/aishell-3.jsonl, train_lines: 5, val_lines: 2}",
             f"data.sources.prompts={{path: {aishell}, config: test, split: test, speakers: 2}}",
             f"data.sources.eval=[{{name: cv3_zero_shot_zh, path: {cv3}, split: zero_shot_zh}}]",
+            f"data.train_file={src}/text/train.jsonl", f"data.val_file={src}/text/val.jsonl",
             f"reward.prompt_speakers.clips={src}/prompts/clips.jsonl",
             f"reward.prompt_speakers.features={tmp_path / 'prompt_speakers.pt'}",
             f"eval.data_path={src}/eval/cv3_zero_shot_zh/meta.lst"]

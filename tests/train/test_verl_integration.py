@@ -330,13 +330,13 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
     assert "kv_cache_memory_bytes" not in r.engine_kwargs.vllm     # on GPUs gpu_memory_utilization sizes it
 
 
-def test_every_rollout_key_reaches_verls_gpu_config(tiny_cfg):
+def test_every_rollout_key_reaches_verls_gpu_config(tiny_cfg, tmp_path):
     """train.rollout.* as the GPU profile sets them arrive in verl's composed GPU config (cpu_kv_cache_gib and
     backend are named CPU / local-engine only in conf/train/default.yaml)."""
     from grpo.config import load_config
 
     cfg = load_config(["profile=cosyvoice2", "train.rollout.enforce_eager=false", "train.max_response_tokens=640",
-                       "train.verl.n_gpus_per_node=8"])
+                       "train.verl.n_gpus_per_node=8", f"exp_dir={tmp_path}"])
     r = composed(cfg, cpu=False).actor_rollout_ref.rollout
     assert r.enforce_eager is False and r.dtype == "bfloat16" and r.gpu_memory_utilization == 0.6
     assert r.max_model_len == 256 + 640                              # prompt + response, not 32,768
