@@ -85,8 +85,11 @@ CPU_ENV = {
     "VERL_ENGINE_DEVICE": "cuda",                     # verl registers its FSDP engine for cuda/npu only
     "VLLM_TARGET_DEVICE": "cpu",
     # one memory pool for everything: Ray's OOM killer (default at 95 %) took a real-size run's rollout server
-    # at 22.9 of 24 GB; the kernel's own limit is the real one
+    # at 22.9 of 24 GB, and a worker verl loses is never replaced (main_ppo waits for it until
+    # train.verl.timeout_s): no memory monitor in main_ppo's cluster, the kernel's limit is the only one. The reward
+    # server's Ray keeps its monitor (98 %): a replica it takes is restarted by Serve and the client retries
     "RAY_memory_usage_threshold": "0.98",
+    "RAY_memory_monitor_refresh_ms": "0",
 }
 
 
