@@ -187,17 +187,18 @@ def overlap_key(text: str) -> str:
 
 def eval_targets(eval_cfg: DictConfig) -> dict[str, set[str]]:
     """The target texts (overlap keys) of eval.data_path and every eval.extra_sets entry that exists yet."""
-    from grpo.evaluate.test_sets import load_set
+    from omegaconf import OmegaConf
 
-    sets = [("eval", eval_cfg.set, eval_cfg.data_path, eval_cfg.get("language"))]
-    sets += [(x["name"], x.get("set", eval_cfg.set), x["data_path"], x.get("language", eval_cfg.get("language")))
-             for x in eval_cfg.get("extra_sets") or []]
+    from grpo.evaluate.test_sets import extra_sets, load_set
+
+    sets = [("eval", eval_cfg)] + [(name, OmegaConf.merge(eval_cfg, keys)) for name, keys in extra_sets(eval_cfg)]
     out = {}
-    for name, kind, path, language in sets:
-        if resolve_path(path).exists():
-            out[name] = {overlap_key(it.text) for it in load_set(kind, resolve_path(path), language)}
+    for name, e in sets:
+        if resolve_path(e.data_path).exists():
+            out[name] = {overlap_key(it.text) for it in load_set(e.set, resolve_path(e.data_path), e.get("language"))}
         else:
-            log.warning("evaluation set %s (%s) not there yet: training text not checked against it", name, path)
+            log.warning("evaluation set %s (%s) not there yet: training text not checked against it", name,
+                        e.data_path)
     return out
 
 

@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -205,7 +206,7 @@ def build_prompts(spec: dict, key: str, out: Path, checks: dict) -> str:
             if len(clips) == spec["speakers"]:
                 break
             row = ds[int(i)]
-            speaker = row.get(spec.get("speaker_column") or "", None)
+            speaker = row[spec["speaker_column"]] if spec["speaker_column"] else None
             if speaker is not None and speaker in seen:
                 continue
             samples, sr = decode(row[spec["audio"]], f"{key} row {i}")
@@ -303,8 +304,8 @@ def fetch(cfg: DictConfig) -> list[Path]:
     checks = _spec(cfg.data.sources.audio_checks)
     todo = [(kind, key, spec, out) for kind, key, spec, out in planned(cfg)
             if not up_to_date(out, _stamp(kind, spec, checks))]
-    builders = {"text": lambda s, k, o: build_text(s, k, o), "prompts": lambda s, k, o: build_prompts(s, k, o, checks),
-                "eval": lambda s, k, o: build_eval(s, k, o, checks)}
+    builders = {"text": build_text, "prompts": partial(build_prompts, checks=checks),
+                "eval": partial(build_eval, checks=checks)}
     staged = []
     try:
         for kind, key, spec, out in todo:
@@ -319,9 +320,7 @@ def fetch(cfg: DictConfig) -> list[Path]:
             staged.append((tmp, out))
             log.info("%s: %s (%s)", key, summary, _where(spec, key))
     except BaseException:
-        for tmp, _ in staged:
-            shutil.rmtree(tmp, ignore_errors=True)
-        for _, _, _, out in todo:
+        for _, _, _, out in todo:           # every partial folder, built or half-built
             shutil.rmtree(out.with_name(f".{out.name}.partial"), ignore_errors=True)
         raise
     for tmp, out in staged:

@@ -22,7 +22,7 @@ from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
 from grpo.device import resolve as resolve_device
 from grpo.evaluate import cer, report
 from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
-from grpo.evaluate.test_sets import ZeroShotItem, load_set
+from grpo.evaluate.test_sets import ZeroShotItem, extra_sets, load_set
 from grpo.layout import EvalDir
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.speech.speakers import speaker_index
@@ -106,6 +106,7 @@ class Evaluator:
         from grpo.train.rollout import VLLMRollout
 
         self.cfg, self.e, self.items = cfg, cfg.eval, items
+        self.device = resolve_device(cfg)      # once: token2wav and every judge run there
         base = Path(cfg.model.hf_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(base)
         self.vocab = SpeechVocab.load(base)
@@ -128,7 +129,7 @@ class Evaluator:
         if self.e.write_wavs or audio_judges or hears_speaker:
             from grpo.speech.token2wav import Token2Wav
 
-            self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, resolve_device(cfg))
+            self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, self.device)
         if self.e.num_samples < 1:
             raise ValueError(f"eval.num_samples must be at least 1, got {self.e.num_samples}")
         self.extra = extra_judges(self.e)
@@ -157,7 +158,7 @@ class Evaluator:
                                                                    self.e.synthetic_alt.seed)
         from grpo.speech.asr import ByLanguage, build_asr
 
-        device = resolve_device(self.cfg)
+        device = self.device
         m, batch = self.cfg.model, {"batch_size": self.e.asr_batch_size}
         dirs = {"sensevoice": m.sensevoice_dir, "paraformer": m.paraformer_dir, "whisper": m.whisper_dir}
         if name == "seedtts":        # Seed-TTS-eval: Paraformer-zh for Chinese, Whisper-large-v3 for English
@@ -285,16 +286,11 @@ def run(cfg: DictConfig) -> int:
     """eval.set, then each of eval.extra_sets (its keys override eval.*) into eval.out_dir/<name>."""
     from omegaconf import OmegaConf
 
-    extras = cfg.eval.get("extra_sets") or []
-    for extra in extras:
-        if not extra.get("name") or not extra.get("data_path"):
-            raise ValueError(f"eval.extra_sets: each set needs a name and a data_path, got {dict(extra)}")
+    extras = extra_sets(cfg.eval)
     evaluate_set(cfg)
-    for extra in extras:
-        overrides = {k: v for k, v in extra.items() if k != "name"}
-        sub = OmegaConf.merge(cfg, {"eval": {**overrides, "out_dir": str(Path(cfg.eval.out_dir) / extra.name),
-                                             "extra_sets": []}})
-        log.info("extra set %s (%s) -> %s", extra.name, extra.data_path, sub.eval.out_dir)
+    for name, overrides in extras:
+        sub = OmegaConf.merge(cfg, {"eval": overrides})
+        log.info("extra set %s (%s) -> %s", name, sub.eval.data_path, sub.eval.out_dir)
         evaluate_set(sub)
     return 0
 

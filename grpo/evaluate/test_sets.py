@@ -100,3 +100,16 @@ def load_set(kind: str, path: str | Path, language: str | None = None) -> list[Z
     if kind == "seedtts":
         return load_seedtts(path, language)
     raise ValueError(f"unknown eval.set {kind!r}; expected tiny, jsonl, cv3_zero_shot or seedtts")
+
+
+def extra_sets(eval_cfg) -> list[tuple[str, dict]]:
+    """eval.extra_sets as (name, the eval.* keys it sets): its own keys over eval.*, its out_dir eval.out_dir/<name>.
+    Each needs a name and a data_path."""
+    out = []
+    for extra in eval_cfg.get("extra_sets") or []:
+        if not extra.get("name") or not extra.get("data_path"):
+            raise ValueError(f"eval.extra_sets: each set needs a name and a data_path, got {dict(extra)}")
+        overrides = {k: v for k, v in extra.items() if k != "name"}
+        out.append((extra["name"], {**overrides, "out_dir": str(Path(eval_cfg.out_dir) / extra["name"]),
+                                    "extra_sets": []}))
+    return out
