@@ -6,8 +6,8 @@
   ours        the training client (concurrent calls sent together as small requests, a bounded number in
               flight so that each is routed as a replica frees up) against the same server as `reference`
 
-Each way's rewards are compared item by item with the others. Each timing is the median of 3 passes over
-the items after a warm-up.
+Each way's rewards are compared item by item with the others. Each timing is the median of `--repeats` passes
+over the items (the ways interleaved, after a short warm-up).
 
     .venv/bin/python benchmarks/server_bench.py --backend synthetic --replicas 2
     .venv/bin/python benchmarks/server_bench.py --backend cosyvoice2 --items 128
@@ -35,10 +35,12 @@ from reward_server.launch import ServerProcess
 TEXTS = ["今天天气很好。", "我们一起去公园散步吧。", "请把窗户关上。", "这本书我已经读了三遍。"]
 
 
-def make_items(n: int, seed: int = 0, tokens: int = 40) -> list[dict]:
+def make_items(n: int, seed: int = 0, tokens: int = 40, min_tokens: int | None = None) -> list[dict]:
+    """`n` items of `tokens` speech tokens each, or of a length drawn from [min_tokens, tokens] (as rollouts vary)."""
     rng = random.Random(seed)
-    return [{"id": f"bench-{i}", "tokens": [rng.randrange(6561) for _ in range(tokens)], "text": TEXTS[i % 4]}
-            for i in range(n)]
+    lengths = [tokens if min_tokens is None else rng.randint(min_tokens, tokens) for _ in range(n)]
+    return [{"id": f"bench-{i}", "tokens": [rng.randrange(6561) for _ in range(length)], "text": TEXTS[i % 4]}
+            for i, length in enumerate(lengths)]
 
 
 def reference(url: str, items: list[dict], in_flight: int = 64) -> list[dict]:
@@ -78,15 +80,18 @@ def ours(url: str, items: list[dict], request_items: int, in_flight: int) -> lis
     return asyncio.run(go())
 
 
-def timed(fn, items, repeats: int = 3) -> tuple[float, list[dict]]:
-    """Median samples/s over `repeats` passes (after one warm-up pass) and the last pass's results."""
-    fn(items[: min(len(items), 16)])
-    rates, results = [], []
+def timed(ways: dict, items: list[dict], repeats: int = 3) -> tuple[dict, dict]:
+    """Median samples/s of each way over `repeats` passes, the ways interleaved within each repeat (so that the
+    machine's drift hits them alike), after one short warm-up call; and each way's last results."""
+    next(iter(ways.values()))(items[:2])
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    results = {}
     for _ in range(repeats):
-        start = time.perf_counter()
-        results = fn(items)
-        rates.append(len(items) / (time.perf_counter() - start))
-    return statistics.median(rates), results
+        for name, fn in ways.items():
+            start = time.perf_counter()
+            results[name] = fn(items)
+            rates[name].append(len(items) / (time.perf_counter() - start))
+    return {name: statistics.median(r) for name, r in rates.items()}, results
 
 
 def serve(args, batch: int, log_path: Path) -> ServerProcess:
@@ -110,13 +115,17 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32, help="the server's dynamic batch (the reference: 32)")
     parser.add_argument("--tokens", type=int, default=40, help="speech tokens per item (25 a second)")
+    parser.add_argument("--min-tokens", type=int, default=None,
+                        help="items of lengths drawn from [min-tokens, tokens] (default: all of --tokens)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes per way (the median is reported)")
+    parser.add_argument("--no-sequential", action="store_true", help="skip the batch-1 server")
     parser.add_argument("--request-items", type=int, default=None,
                         help="items per client request (default: the training client's, see reward_fn)")
     parser.add_argument("--in-flight", type=int, default=None,
                         help="client requests in flight (default: the training client's, see reward_fn)")
     parser.add_argument("overrides", nargs="*", help="config overrides for the servers, e.g. exp_dir=exp/tiny")
     args = parser.parse_args()
-    items = make_items(args.items, tokens=args.tokens)
+    items = make_items(args.items, tokens=args.tokens, min_tokens=args.min_tokens)
     from grpo.config import load_config
     from grpo.train.reward_fn import reward_kwargs
 
@@ -124,33 +133,36 @@ def main() -> None:
                                         f"reward.num_replicas={args.replicas}"]))
     args.request_items = args.request_items or client["max_items_per_request"]
     args.in_flight = args.in_flight or client["max_concurrency"]
-    rates, results = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         server = serve(args, args.batch, Path(tmp) / "batched.log")
         try:
-            rates["reference"], results["reference"] = timed(lambda its: reference(server.url, its), items)
-            rates["ours"], results["ours"] = timed(
-                lambda its: ours(server.url, its, args.request_items, args.in_flight), items)
+            rates, results = timed({"reference": lambda its: reference(server.url, its),
+                                    "ours": lambda its: ours(server.url, its, args.request_items, args.in_flight)},
+                                   items, args.repeats)
         finally:
             server.stop()
-        server = serve(args, 1, Path(tmp) / "sequential.log")
-        try:
-            rates["sequential"], results["sequential"] = timed(lambda its: sequential(server.url, its), items)
-        finally:
-            server.stop()
-    for name in ("reference", "sequential", "ours"):
-        print(f"{name:10s} {rates[name]:8.1f} samples/s")
-    diff = max(compare("ours vs reference", results["ours"], results["reference"]),
-               compare("ours vs sequential", results["ours"], results["sequential"]))
+        if not args.no_sequential:
+            server = serve(args, 1, Path(tmp) / "sequential.log")
+            try:
+                more_rates, more_results = timed({"sequential": lambda its: sequential(server.url, its)}, items,
+                                                 args.repeats)
+                rates.update(more_rates)
+                results.update(more_results)
+            finally:
+                server.stop()
+    for name, rate in rates.items():
+        print(f"{name:10s} {rate:8.3f} samples/s")
+    diff = max(compare(f"ours vs {name}", results["ours"], results[name]) for name in results if name != "ours")
     ratio = rates["ours"] / rates["reference"]
     print(f"ours / reference: {ratio:.2f}x")
     print(json.dumps({"backend": args.backend, "items": args.items, "replicas": args.replicas,
-                      "reference_samples_per_s": round(rates["reference"], 2),
-                      "sequential_samples_per_s": round(rates["sequential"], 2),
-                      "ours_samples_per_s": round(rates["ours"], 2), "ratio_vs_reference": round(ratio, 2),
+                      "reference_samples_per_s": round(rates["reference"], 3),
+                      "sequential_samples_per_s": round(rates["sequential"], 3) if "sequential" in rates else None,
+                      "ours_samples_per_s": round(rates["ours"], 3), "ratio_vs_reference": round(ratio, 3),
                       "max_reward_difference": diff, "batch": args.batch, "request_items": args.request_items,
                       "requests_in_flight": args.in_flight,
-                      "tokens_per_item": args.tokens}))
+                      "tokens_per_item": args.tokens, "min_tokens_per_item": args.min_tokens,
+                      "repeats": args.repeats}))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import time
 import uuid
 
 import ray
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
@@ -32,6 +33,13 @@ def limits_from(reward_cfg) -> Limits:
                   max_text_chars=lim["max_text_chars"], max_request_bytes=lim["max_request_bytes"],
                   speech_token_size=reward_cfg["speech_token_size"],
                   max_tokens_per_request=lim["max_tokens_per_request"], max_id_chars=lim["max_id_chars"])
+
+
+def replica_threads(cpus_per_replica: float) -> int:
+    """torch's intra-op threads in a replica: its CPU share, at least one. Ray sets OMP_NUM_THREADS to an actor's
+    num_cpus only when the environment has none, so a node-wide OMP_NUM_THREADS (or torch's default, every core)
+    would make replicas sharing a host fight over cores."""
+    return max(1, int(cpus_per_replica))
 
 
 class ItemFailure:
@@ -54,6 +62,7 @@ class RewardServer:
 
         conf = OmegaConf.create(cfg)
         r = conf.reward
+        torch.set_num_threads(replica_threads(r.cpus_per_replica))
         self.backend = build_backend(conf, device="cuda" if r.gpus_per_replica > 0 else "cpu")
         release_freed_memory()
         self.limits = limits_from(cfg["reward"])
@@ -71,7 +80,8 @@ class RewardServer:
         self.metrics = ServerMetrics(self.replica, self.backend.name)
         self.score_batch.set_max_batch_size(r.max_batch_size)
         self.score_batch.set_batch_wait_timeout_s(r.batch_wait_timeout_s)
-        log.info("reward replica %s ready: backend %s", self.replica, self.backend.name)
+        log.info("reward replica %s ready: backend %s, %d torch threads", self.replica, self.backend.name,
+                 torch.get_num_threads())
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
     async def score_batch(self, items: list) -> list:
@@ -177,7 +187,7 @@ class RewardServer:
     def health(self):
         body = {"status": "ok" if self.healthy() else "unhealthy", "backend": self.backend.name,
                 "replica": self.replica, "node": self.node, "pid": os.getpid(),
-                "consecutive_failures": self.consecutive_failures}
+                "consecutive_failures": self.consecutive_failures, "torch_threads": torch.get_num_threads()}
         return JSONResponse(body, status_code=200 if self.healthy() else 503)
 
     @api.get("/metrics")

@@ -146,7 +146,8 @@ def build_backend(cfg, device: str = "cpu") -> Backend:
             from grpo.speech.speaker_similarity import SpeakerSimilarity
 
             verifier = SpeakerSimilarity(r.sim.model)
-        t2w = Token2Wav(cfg.model.cosyvoice_dir, device, r.token2wav.dtype, r.token2wav.max_frames_per_batch)
+        t2w = Token2Wav(cfg.model.cosyvoice_dir, device, r.token2wav.dtype, r.token2wav.max_frames_per_batch,
+                        r.token2wav.max_padding)
         return CosyVoiceBackend(t2w, speakers,
                                  build_asr(r.asr.kind, r.asr.model_dir, device, r.asr.language, r.asr.batch_size),
                                  verifier)

@@ -1,9 +1,10 @@
 """Async client for the reward server, used by training (grpo.train.reward_fn).
 
 verl calls the reward function once per response, concurrently. `score_one` gathers the calls made
-within `batch_wait_s` into POSTs of up to `max_items_per_request` items, at most `max_concurrency` of
-them in flight: a step's responses reach the server as a stream of small requests that the server's
-@serve.batch joins into full batches, each routed to a replica as earlier ones complete. (A burst of
+within `batch_wait_s` into POSTs of up to `max_items_per_request` items (and spread over at least
+`max_concurrency` POSTs when there are that many items), at most `max_concurrency` of them in flight: a step's
+responses reach the server as a stream of small requests that the server's @serve.batch joins into full
+batches, each routed to a replica as earlier ones complete. (A burst of
 requests sent at once is routed before any replica's queue grows: measured, all of them can land on
 one replica while the others idle.)
 Connection errors, 5xx, 429 and 503 answers, Serve's 404 while the application is not yet deployed, and items
@@ -72,6 +73,21 @@ class _LoopState:
         self.pending: list[tuple[dict, asyncio.Future]] = []
         self.tasks: set[asyncio.Task] = set()
         self.flusher: asyncio.TimerHandle | None = None
+
+
+def request_parts(n: int, max_items: int, slots: int) -> list[slice]:
+    """`n` items gathered together, cut into requests of at most `max_items`, and into at least `slots` requests
+    (the requests in flight) when there are that many items: a small burst is spread over every slot, so that
+    several replicas share it (one request of 8 items goes to one replica while the others idle; the server's
+    dynamic batching joins the small requests that reach the same replica again). Sizes differ by one at most."""
+    count = min(n, max(-(-n // max_items), slots))
+    size, extra = divmod(n, count) if count else (0, 0)
+    parts, start = [], 0
+    for k in range(count):
+        stop = start + size + (k < extra)
+        parts.append(slice(start, stop))
+        start = stop
+    return parts
 
 
 class RewardClient:
@@ -148,8 +164,8 @@ class RewardClient:
         state = self._state()
         future = asyncio.get_running_loop().create_future()
         state.pending.append((item, future))
-        if len(state.pending) >= self.config.max_items_per_request:
-            self._flush(state)
+        if len(state.pending) >= self.config.max_items_per_request * self.config.max_concurrency:
+            self._flush(state)       # enough for every request slot at its largest: no need to wait
         elif state.flusher is None:
             state.flusher = asyncio.get_running_loop().call_later(self.config.batch_wait_s, self._flush, state)
         return await future
@@ -159,8 +175,8 @@ class RewardClient:
             state.flusher.cancel()
             state.flusher = None
         batch, state.pending = state.pending, []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
+        for part in request_parts(len(batch), self.config.max_items_per_request, self.config.max_concurrency):
+            task = asyncio.get_running_loop().create_task(self._send(batch[part]))
             state.tasks.add(task)                       # keep a reference until it is done
             task.add_done_callback(state.tasks.discard)
 

@@ -30,17 +30,23 @@ def autocast_dtype(dtype: str, device: str | torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def length_buckets(lengths: list[int], max_frames: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length: sorted by length, each batch's padded size
-    (count x longest) at most `max_frames` (a longer item goes alone), so little compute goes to padding and
-    one batch's activations stay within a memory budget."""
+def length_buckets(lengths: list[int], max_frames: int, max_padding: float = 0.1) -> list[list[int]]:
+    """Indices grouped into batches of similar length: sorted by length, an item joins the current batch while
+    the batch's padded size (count x longest) stays at most `max_frames` (a longer item goes alone) and at most
+    `1 + max_padding` times the frames it really holds. The first bound keeps one batch's activations within a
+    memory budget, the second keeps compute from going to padding (on a CPU, where a larger batch is not
+    faster per frame, padding is pure loss)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     buckets: list[list[int]] = []
+    held = 0                                  # frames the last bucket really holds
     for i in order:
-        if buckets and (len(buckets[-1]) + 1) * lengths[i] <= max_frames:
+        padded = (len(buckets[-1]) + 1) * lengths[i] if buckets else 0
+        if buckets and padded <= max_frames and padded <= (1 + max_padding) * (held + lengths[i]):
             buckets[-1].append(i)
+            held += lengths[i]
         else:
             buckets.append([i])
+            held = lengths[i]
     return buckets
 
 
@@ -52,10 +58,11 @@ class Token2Wav:
     the pre-look-ahead layer repeated to mel frames, the same CFM with the DiT estimator, CausalHiFTGenerator
     (finalize), and the LLM's tokens first trimmed of long silences as `CosyVoice3Model.llm_job` does
     (`Family.trim_silence`). `dtype`: the flow under autocast (bf16/fp16 on a GPU; HiFT's STFT stays float32).
-    `max_frames_per_batch`: the padded mel frames (items x longest, prompt included) one flow pass may take."""
+    `max_frames_per_batch`: the padded mel frames (items x longest, prompt included) one flow pass may take;
+    `max_padding`: the fraction of a pass's frames that may be padding (`length_buckets`)."""
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "auto",
-                 max_frames_per_batch: int = 20000):
+                 max_frames_per_batch: int = 20000, max_padding: float = 0.1):
         from cosyvoice.flow.flow import CausalMaskedDiffWithDiT
         from cosyvoice.hifigan.generator import CausalHiFTGenerator
 
@@ -77,7 +84,7 @@ class Token2Wav:
         self.sample_rate = configs.get("sample_rate", SAMPLE_RATE)
         self.feat_extractor = configs.get("feat_extractor")
         self.dtype = autocast_dtype(dtype, self.device)
-        self.max_frames_per_batch = max_frames_per_batch
+        self.max_frames_per_batch, self.max_padding = max_frames_per_batch, max_padding
         self.token_mel_ratio = getattr(self.flow, "token_mel_ratio", 2)     # mel frames per speech token
 
     def flow_tokens(self, tokens: list[int]) -> list[int]:
@@ -171,7 +178,7 @@ class Token2Wav:
         lengths = [self.mel_frames(t, spk) for t, spk in zip(tokens, speakers)]
         out: list[torch.Tensor | None] = [None] * len(tokens)
         autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
-        for bucket in length_buckets(lengths, self.max_frames_per_batch):
+        for bucket in length_buckets(lengths, self.max_frames_per_batch, self.max_padding):
             with autocast:
                 mels = self.flow_batch([tokens[i] for i in bucket], [speakers[i] for i in bucket])
             for i, mel in zip(bucket, mels):       # float32 already: flow_batch's solver state

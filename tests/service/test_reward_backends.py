@@ -108,10 +108,19 @@ def test_batched_token2wav_equals_upstreams_per_utterance_token2wav(tiny_cfg):
 def test_length_buckets_by_hand():
     from grpo.speech.token2wav import length_buckets
 
-    # sorted: 10 (i3), 20 (i1), 30 (i0), 100 (i2), 400 (i4); cap 60: [10, 20] pads to 2 x 20, adding 30 would
-    # pad to 3 x 30 = 90; [30] alone (30 + 100 -> 200); [100]; 400 is over the cap and goes alone
-    assert length_buckets([30, 20, 100, 10, 400], 60) == [[3, 1], [0], [2], [4]]
-    assert length_buckets([5] * 7, 15) == [[0, 1, 2], [3, 4, 5], [6]]
+    # the frame cap alone (padding unbounded). sorted: 10 (i3), 20 (i1), 30 (i0), 100 (i2), 400 (i4); cap 60:
+    # [10, 20] pads to 2 x 20, adding 30 would pad to 3 x 30 = 90; [30] alone (30 + 100 -> 200); [100]; 400 is over
+    # the cap and goes alone
+    inf = float("inf")
+    assert length_buckets([30, 20, 100, 10, 400], 60, max_padding=inf) == [[3, 1], [0], [2], [4]]
+    assert length_buckets([5] * 7, 15, max_padding=inf) == [[0, 1, 2], [3, 4, 5], [6]]
+    # the padding bound alone (cap unbounded), 10%: 100, 105 -> 210 padded for 205 held (<= 225.5); + 110 -> 330 for
+    # 315 (<= 346.5); + 150 -> 600 for 465 (> 511.5): a new batch; 150, 160 -> 320 for 310 (<= 341)
+    assert length_buckets([150, 100, 160, 105, 110], 10**9, max_padding=0.1) == [[1, 3, 4], [0, 2]]
+    # with 50% padding allowed, 150 joins the first (600 <= 697.5) and so does 160 (800 <= 937.5)
+    assert length_buckets([150, 100, 160, 105, 110], 10**9, max_padding=0.5) == [[1, 3, 4, 0, 2]]
+    # both bounds: equal lengths never pad, so only the cap cuts
+    assert length_buckets([5] * 7, 15, max_padding=0.0) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
 def test_bucketed_and_autocast_flow_match_one_batch(tiny_cfg, monkeypatch):

@@ -324,6 +324,18 @@ def test_client_sends_concurrent_calls_together_and_isolates_bad_items(synthetic
     assert sent <= 12, f"{sent} requests for 121 calls"
 
 
+def test_a_small_burst_is_spread_over_the_request_slots(synthetic_server, codebook):
+    """8 calls at once with 8 request slots go out as 8 requests (one request of 8 would keep every replica
+    but one idle)."""
+    rng = random.Random(6)
+    items = [item(i, codebook, rng) for i in range(8)]
+    before = requests_count(synthetic_server.url)
+    results = score_all(RewardClient(ClientConfig(synthetic_server.url, max_items_per_request=8, max_concurrency=8)),
+                        items)
+    assert_exact_rewards(codebook, items, results)
+    assert requests_count(synthetic_server.url) - before == 8
+
+
 def test_serve_already_running_elsewhere_is_restarted_alone_and_refused_beside_other_apps(tiny_cfg):
     """serve.start ignores new HTTP options when Serve runs: with another application there, deploy stops with
     the running options and that app's name; once it is alone, Serve is restarted on our port."""
@@ -381,3 +393,14 @@ def test_a_burst_through_the_client_reaches_every_replica(tiny_exp, codebook, tm
     finally:
         server.stop()
 
+
+
+def test_a_replica_uses_its_cpu_share_whatever_the_environment_says(tiny_exp, tmp_path, monkeypatch):
+    """torch threads in a replica = reward.cpus_per_replica, even when the node's environment sets OMP_NUM_THREADS
+    (Ray then leaves it as is, and every replica on the host would use that many threads)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    server = own_server(tiny_exp, tmp_path, "reward.cpus_per_replica=1")
+    try:
+        assert httpx.get(f"{server.url}/health").json()["torch_threads"] == 1
+    finally:
+        server.stop()
