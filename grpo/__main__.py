@@ -45,10 +45,12 @@ def main(argv: list[str]) -> int:
     dry_run = stage == "train" and cfg.train.verl.get("dry_run", False)     # composes verl's command only
     if stage not in DEVICE_FREE and not dry_run:
         from grpo.device import DeviceError, resolve
+        from grpo.gpu_layout import LayoutError, apply
 
         try:
+            apply(cfg, stage)                # reward.gpus: this stage's GPUs of the node, before CUDA is touched
             cfg.device = resolve(cfg)        # auto -> what this machine has; cuda that is not there -> stop here
-        except DeviceError as exc:
+        except (DeviceError, LayoutError) as exc:
             print(f"[grpo] {exc}", file=sys.stderr)
             return 2
     logging.getLogger("grpo").info("stage %s, profile %s, exp_dir %s, device %s", stage, cfg.profile.name,

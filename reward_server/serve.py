@@ -32,10 +32,20 @@ def start(cfg: DictConfig) -> None:
     init_kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True, configure_logging=False,
                        runtime_env=runtime_env)
     if address == "local":
-        ray.init(address=address, **init_kwargs)
+        ray.init(address=address, **local_resources(cfg), **init_kwargs)
     else:
         cluster_check.join(address, **init_kwargs)
     deploy(cfg)
+
+
+def local_resources(cfg: DictConfig) -> dict:
+    """The local Ray's GPUs under a layout (reward.gpus: the stage already restricted CUDA_VISIBLE_DEVICES to the
+    reward's part, grpo/gpu_layout.py): exactly those, so that the replicas' placement is Ray's to check."""
+    if not cfg.reward.get("gpus") or cfg.get("device") == "cpu":
+        return {}
+    from grpo.gpu_layout import node_gpus
+
+    return {"num_gpus": len(node_gpus())}
 
 
 class ServeConflict(RuntimeError):

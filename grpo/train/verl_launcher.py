@@ -136,13 +136,20 @@ def gpus_per_node(v: DictConfig, cpu: bool) -> int:
     return int(v.n_gpus_per_node)
 
 
-def check_gpus(v: DictConfig) -> None:
-    """Before Ray starts: a single node asked for more GPUs than are visible stops here naming the key (verl would
-    fail later in its resource pool: "Total available GPUs ... less than ...")."""
+def check_gpus(t: DictConfig) -> None:
+    """Before Ray starts, each in one line naming the keys: a single node asked for more GPUs than are visible
+    (verl would fail later in its resource pool: "Total available GPUs ... less than ..."), and a step's
+    samples (batch_size x n) that do not divide over the GPUs (verl 0.9.1's validate_config in verl/utils/config.py
+    would stop later: "real_train_batch_size ... must be divisible by minimal possible batch size")."""
+    v = t.verl
     n, visible = gpus_per_node(v, cpu=False), visible_gpus()
     if v.nnodes == 1 and n > visible:
         raise SystemExit(f"train.verl.n_gpus_per_node={n} but {visible} CUDA device(s) are visible here "
                          "(CUDA_VISIBLE_DEVICES); set it to at most that, or to auto")
+    if (t.batch_size * t.n) % (n * v.nnodes):
+        raise SystemExit(f"train.batch_size={t.batch_size} x train.n={t.n} samples per step do not divide over "
+                         f"{n * v.nnodes} GPUs (train.verl.n_gpus_per_node x nnodes, after reward.gpus): change "
+                         "one of them")
 
 
 def largest_tensor_mb(hf_dir: Path) -> int:
@@ -317,7 +324,7 @@ def run(cfg: DictConfig) -> int:
     # device=cuda was checked before the stage began (grpo/device.py); a dry run composes the GPU command without one
     cpu = device == "cpu" or (device == "auto" and not cuda_available())
     if not cpu and not v.get("dry_run", False):
-        check_gpus(v)
+        check_gpus(cfg.train)
     cmd = command(cfg, cpu)
     log.info("verl command:\n  %s", " \\\n    ".join(shlex.quote(c) for c in cmd))
     if v.get("dry_run", False):

