@@ -2,9 +2,10 @@
 Fun-CosyVoice3-0.5B-2512's DiT flow and causal HiFT (`--family cosyvoice3`), and SenseVoiceSmall's encoder (512 wide,
 50 + 20 blocks) at the realsize profiles' sizes (conf/profile/realsize.yaml), built from their configs with random
 weights -- nothing is downloaded. It measures
-samples/s one item at a time vs batched (length buckets), fp32 vs bf16 autocast, and peak memory.
+samples/s one item at a time vs batched (length buckets, at most `--max-padding` of a flow pass padding; on a GPU
+also every item in one pass), fp32 vs bf16 autocast, and peak memory, over items of varied lengths.
 
-    .venv/bin/python benchmarks/gpu_reward.py                         # a GPU: 64 items of 150 tokens (6 s)
+    .venv/bin/python benchmarks/gpu_reward.py                         # a GPU: 64 items of 50-150 tokens (2-6 s)
     .venv/bin/python benchmarks/gpu_reward.py --family cosyvoice3     # the same for CosyVoice3
     .venv/bin/python benchmarks/gpu_reward.py --items 2 --tokens 25   # the CPU smoke CI runs
 
@@ -80,7 +81,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", default="cosyvoice2", choices=["cosyvoice2", "cosyvoice3"])
     parser.add_argument("--items", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=150, help="speech tokens per item (25 a second)")
+    parser.add_argument("--tokens", type=int, default=150, help="speech tokens per item (25 a second): the longest")
+    parser.add_argument("--min-tokens", type=int, default=None,
+                        help="items' lengths drawn from [min-tokens, tokens], as rollouts vary (default: tokens / 3)")
+    parser.add_argument("--max-padding", type=float, default=0.1,
+                        help="token2wav's padding bound for the batched way (reward.token2wav.max_padding)")
+    parser.add_argument("--one-bucket", action=argparse.BooleanOptionalAction, default=None,
+                        help="also the batched way without the padding bound (every item in one flow pass, up to "
+                             "max_frames_per_batch): default on a GPU, where the trade-off is batch size vs padding")
     parser.add_argument("--prompt-tokens", type=int, default=75, help="prompt speaker length in tokens")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -95,26 +103,35 @@ def main() -> None:
     dtypes = (args.dtypes or ("float32,bfloat16" if args.device == "cuda" else "float32")).split(",")
     texts = [json.loads(line)["text"] for line in (REPO_ROOT / "data" / "zh_train.jsonl").read_text().splitlines()]
     rng = random.Random(0)
-    items = [ScoreItem(f"bench-{i}", tuple(rng.randrange(6561) for _ in range(args.tokens)), texts[i % len(texts)])
-             for i in range(args.items)]
+    shortest = args.tokens // 3 if args.min_tokens is None else args.min_tokens
+    lengths = [rng.randint(shortest, args.tokens) for _ in range(args.items)]
+    items = [ScoreItem(f"bench-{i}", tuple(rng.randrange(6561) for _ in range(n)), texts[i % len(texts)])
+             for i, n in enumerate(lengths)]
+    one_bucket = args.device == "cuda" if args.one_bucket is None else args.one_bucket
     speakers = tiny_speakers(4, 0, prompt_tokens=args.prompt_tokens)
     result = {"benchmark": "gpu_reward", "family": args.family,
               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "items": args.items, "tokens_per_item": args.tokens, "threads": torch.get_num_threads()}
+              "items": args.items, "tokens_per_item": [shortest, args.tokens], "max_padding": args.max_padding,
+              "threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         cv_dir, sv_dir = build_models(Path(tmp), texts, args.family)
         print(f"real-size models built in {time.perf_counter() - start:.0f} s")
         asr = FunASR(sv_dir, device=args.device, batch_size=max(1, args.items))
+        ways = [("batch1", False, args.max_padding), ("batched", True, args.max_padding)]
+        if one_bucket:
+            ways.append(("batched_one_bucket", True, float("inf")))
         for dtype in dtypes:
-            backend = CosyVoiceBackend(Token2Wav(cv_dir, args.device, dtype), speakers, asr)
-            for mode, batched in (("batch1", False), ("batched", True)):
-                figures = measure(backend, items, batched, args.device, args.repeats)
+            for mode, batched, max_padding in ways:
+                t2w = Token2Wav(cv_dir, args.device, dtype, max_padding=max_padding)
+                figures = measure(CosyVoiceBackend(t2w, speakers, asr), items, batched, args.device, args.repeats)
                 result[f"{mode}_{dtype}"] = figures
-                print(f"{mode:8s} {dtype:9s} {figures['samples_per_s']:8.2f} samples/s, peak {figures['peak_gib']} GiB")
+                print(f"{mode:18s} {dtype:9s} {figures['samples_per_s']:8.2f} samples/s, "
+                      f"peak {figures['peak_gib']} GiB")
     base = result["batch1_float32"]["samples_per_s"]
     for dtype in dtypes:
-        result[f"speedup_batched_{dtype}"] = round(result[f"batched_{dtype}"]["samples_per_s"] / base, 2)
+        for mode, _, _ in ways[1:]:
+            result[f"speedup_{mode}_{dtype}"] = round(result[f"{mode}_{dtype}"]["samples_per_s"] / base, 2)
     print(json.dumps(result))
 
 

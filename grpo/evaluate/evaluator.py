@@ -22,6 +22,7 @@ from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
 from grpo.device import resolve as resolve_device
 from grpo.evaluate import cer, report
 from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
+from grpo.evaluate.parallel import evaluate_parallel, worker_count
 from grpo.evaluate.test_sets import ZeroShotItem, extra_sets, load_set
 from grpo.layout import EvalDir
 from grpo.model.speech_vocab import SpeechVocab
@@ -100,12 +101,14 @@ def build_inputs(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool =
 
 
 class Evaluator:
-    def __init__(self, cfg: DictConfig, items: list[ZeroShotItem]):
+    def __init__(self, cfg: DictConfig, items: list[ZeroShotItem], indices: list[int] | None = None):
+        """`indices`: each item's index in the whole set (its seeds follow it; grpo.evaluate.parallel's shards)."""
         from transformers import AutoTokenizer
 
         from grpo.train.rollout import VLLMRollout
 
         self.cfg, self.e, self.items = cfg, cfg.eval, items
+        self.indices = list(range(len(items))) if indices is None else list(indices)
         self.device = resolve_device(cfg)      # once: token2wav and every judge run there
         base = Path(cfg.model.hf_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(base)
@@ -173,7 +176,7 @@ class Evaluator:
         """eval.num_samples samples per item under `eval.decoding`, within the item's CosyVoice length bounds;
         sample j of item i has seed request_seed(eval.seed, j, i), the same for every checkpoint."""
         self.engine.load_weights_from(model_dir)
-        params = [[self.engine.speech_params(n=1, seed=request_seed(self.e.seed, j, i), **sampling_kwargs(
+        params = [[self.engine.speech_params(n=1, seed=request_seed(self.e.seed, j, self.indices[i]), **sampling_kwargs(
             self.e.decoding, x["min_tokens"], x["max_tokens"], self.e.temperature, self.e.top_p, self.e.top_k,
             min_len_masked_id=self.vocab.min_len_masked_id))
             for i, x in enumerate(self.inputs)] for j in range(self.e.num_samples)]
@@ -304,13 +307,22 @@ def evaluate_set(cfg: DictConfig) -> None:
         raise ValueError(f"no items in {e.data_path}")
     checkpoints = select_checkpoints(cfg, e.checkpoints)
     log.info("evaluating %d checkpoint(s) on %d items: %s", len(checkpoints), len(items), ", ".join(checkpoints))
-    evaluator = Evaluator(cfg, items)
-    write_inputs(EvalDir(e.out_dir).inputs, evaluator.inputs)
-    copy_prompts(Path(e.out_dir) / "prompts", items)
-    unit = report.unit_of(e)
-    extra = extra_judges(e)
-    for name, path in checkpoints.items():
-        scored = evaluator.evaluate(name, path)
+    unit, extra = report.unit_of(e), extra_judges(e)
+
+    def write(name: str, scored: list[Scored]) -> None:
         r = report.write_checkpoint(Path(e.out_dir), name, scored, unit, extra)
         log.info("%s: CER %.4f over %d samples (%d failures)", name, r["cer"], r["count"], r["failures"])
+
+    copy_prompts(Path(e.out_dir) / "prompts", items)
+    workers = worker_count(e, cfg.device)
+    if workers > 1:
+        inputs, scored = evaluate_parallel(cfg, items, checkpoints, workers)
+        write_inputs(EvalDir(e.out_dir).inputs, inputs)
+        for name in checkpoints:
+            write(name, scored[name])
+    else:             # one process: each checkpoint's report is written as soon as it is scored
+        evaluator = Evaluator(cfg, items)
+        write_inputs(EvalDir(e.out_dir).inputs, evaluator.inputs)
+        for name, path in checkpoints.items():
+            write(name, evaluator.evaluate(name, path))
     report.render(Path(e.out_dir), list(checkpoints), e)

@@ -60,3 +60,28 @@ def test_extra_sets_are_scored_into_their_own_folder(tiny_cfg, tmp_path, monkeyp
     assert seen_ids == [json.loads(line)["id"] for line in shipped[:2]]
     with pytest.raises(ValueError, match="eval.extra_sets"):
         evaluate.run(tiny_cfg(f"eval.out_dir={out}", "eval.extra_sets=[{name: x}]"))
+
+
+def test_shards_cover_every_item_once_by_hand():
+    from grpo.evaluate.parallel import shards
+
+    assert shards(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert shards(2, 4) == [[0], [1]]                      # no empty worker
+    assert shards(5, 1) == [[0, 1, 2, 3, 4]]
+    for n, k in [(100, 6), (13, 8), (1, 1)]:
+        assert sorted(i for part in shards(n, k) for i in part) == list(range(n))
+
+
+def test_data_parallel_workers_give_the_single_process_figures(tiny_cfg, tmp_path):
+    """Stage 4 on two worker processes (vLLM decoding, token2wav, ASR in each) writes the per-item rows a single
+    process writes: every item once, in the set's order, with its own seeds."""
+    rows = {}
+    for workers in (1, 2):
+        out = tmp_path / f"eval{workers}"
+        cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=5", "eval.num_samples=2",
+                       f"eval.data_parallel={workers}")
+        assert evaluate.run(cfg) == 0
+        rows[workers] = EvalDir(out).tsv("base").read_text().splitlines()
+        assert json.loads(EvalDir(out).inputs.read_text().splitlines()[4])["id"] == json.loads(
+            Path(cfg.eval.data_path).read_text().splitlines()[4])["id"]
+    assert len(rows[1]) == 1 + 5 * 2 and rows[2] == rows[1]

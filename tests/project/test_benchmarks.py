@@ -32,9 +32,9 @@ def test_server_benchmark_three_ways_agree(tiny_exp):
 def test_gpu_reward_benchmark_smoke_on_cpu(family):
     """benchmarks/gpu_reward.py at the real model sizes, two short items on this CPU."""
     result = run_benchmark("benchmarks/gpu_reward.py", "--family", family, "--items", "2", "--tokens", "25",
-                           "--prompt-tokens", "25", "--repeats", "1", "--device", "cpu")
+                           "--prompt-tokens", "25", "--repeats", "1", "--device", "cpu", "--one-bucket")
     assert result["device"] == "cpu" and result["items"] == 2 and result["family"] == family
-    for mode in ("batch1_float32", "batched_float32"):
+    for mode in ("batch1_float32", "batched_float32", "batched_one_bucket_float32"):
         assert result[mode]["samples_per_s"] > 0 and result[mode]["peak_gib"] > 1     # real sizes: GiBs
 
 
