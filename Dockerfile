@@ -31,6 +31,9 @@ RUN pip install -c requirements/gpu-lock.txt -r requirements/gpu.txt -r requirem
 COPY . .
 # CosyVoice's code: upstream at the commit grpo/upstream.py pins, with its Matcha-TTS submodule, cloned into
 # $COSYVOICE_CACHE and put on the venv's path (the same code path as `bash run.sh setup`; it checks every file).
-# run.sh looks for a set-up venv at $VENV; this image's venv is complete
+# run.sh looks for a set-up venv at $VENV; this image's venv is complete. The environment check (every import the
+# stages make, --no-deps ones included, and upstream's files) runs at build time: a missing import fails the build,
+# not the first stage on a GPU node (no GPU is needed to import).
 ENV COSYVOICE_CACHE=/opt/cosyvoice-upstream
-RUN pip install --no-deps -e . && python -m grpo.upstream install && touch /opt/venv/.setup-stamp
+RUN pip install --no-deps -e . && python -m grpo.upstream install && python -m grpo.envcheck \
+    && touch /opt/venv/.setup-stamp
