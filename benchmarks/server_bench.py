@@ -100,12 +100,13 @@ def serve(args, batch: int, log_path: Path) -> ServerProcess:
                           "reward.cpus_per_replica=1", *args.overrides], log_path=log_path).wait(timeout_s=600)
 
 
-def compare(name: str, a: list[dict], b: list[dict]) -> float:
-    """Largest reward difference between two ways' results for the same items."""
+def compare(name: str, a: list[dict], b: list[dict]) -> tuple[float, int]:
+    """Largest reward difference between two ways' results for the same items, and how many items differ."""
     by_id = {r["id"]: r["reward"] for r in b}
-    diff = max(abs(r["reward"] - by_id[r["id"]]) for r in a)
-    print(f"  rewards {name}: max |difference| {diff:.2e}")
-    return diff
+    diffs = [abs(r["reward"] - by_id[r["id"]]) for r in a]
+    differing = sum(d > 0 for d in diffs)
+    print(f"  rewards {name}: max |difference| {max(diffs):.2e}, {differing} of {len(diffs)} items differ")
+    return max(diffs), differing
 
 
 def main() -> None:
@@ -152,15 +153,16 @@ def main() -> None:
                 server.stop()
     for name, rate in rates.items():
         print(f"{name:10s} {rate:8.3f} samples/s")
-    diff = max(compare(f"ours vs {name}", results["ours"], results[name]) for name in results if name != "ours")
+    diff, differing = map(max, zip(*(compare(f"ours vs {name}", results["ours"], results[name])
+                                     for name in results if name != "ours")))
     ratio = rates["ours"] / rates["reference"]
     print(f"ours / reference: {ratio:.2f}x")
     print(json.dumps({"backend": args.backend, "items": args.items, "replicas": args.replicas,
                       "reference_samples_per_s": round(rates["reference"], 3),
                       "sequential_samples_per_s": round(rates["sequential"], 3) if "sequential" in rates else None,
                       "ours_samples_per_s": round(rates["ours"], 3), "ratio_vs_reference": round(ratio, 3),
-                      "max_reward_difference": diff, "batch": args.batch, "request_items": args.request_items,
-                      "requests_in_flight": args.in_flight,
+                      "max_reward_difference": diff, "items_with_different_rewards": differing,
+                      "batch": args.batch, "request_items": args.request_items, "requests_in_flight": args.in_flight,
                       "tokens_per_item": args.tokens, "min_tokens_per_item": args.min_tokens,
                       "repeats": args.repeats}))
 

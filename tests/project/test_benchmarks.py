@@ -76,3 +76,11 @@ def test_step_split_is_the_median_of_verls_timings(tmp_path):
     result = run_benchmark("benchmarks/step_split.py", str(tmp_path / "exp"))
     assert result[str(tmp_path / "exp")] == {"gen": 44.0, "update_actor": 32.0, "save_checkpoint": 6.0,
                                              "step": 90.0}
+
+
+def test_gpu_check_runs_its_cpu_part():
+    """benchmarks/gpu_check.py --device cpu: the FSDP2 bf16 step on gloo runs and updates every parameter (the head's
+    bias too); the CUDA-only checks say they were skipped, never ok."""
+    result = run_benchmark("benchmarks/gpu_check.py", "--device", "cpu")
+    assert result["fsdp_bf16"].startswith("loss ") and "parameters updated" in result["fsdp_bf16"]
+    assert all(result[name].startswith("skipped") for name in ("cuda", "ipc_bias", "vllm_graphs"))
