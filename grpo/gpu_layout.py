@@ -43,9 +43,11 @@ def node_gpus(environ: dict | None = None) -> list[str]:
 def split(gpus: list[str], reward_gpus: int) -> dict[str, list[str]]:
     """{"train": the first len(gpus) - reward_gpus GPUs, "reward": the last reward_gpus}."""
     if not 0 <= reward_gpus < len(gpus):
-        raise LayoutError(f"reward.gpus={reward_gpus}: this node has {len(gpus)} GPU(s) "
-                          f"({','.join(gpus) or 'none visible'}); the reward server may keep 1 to {len(gpus) - 1} "
-                          "of them and leave the rest to training, or 0 to share them all")
+        have = f"reward.gpus={reward_gpus}: this node has {len(gpus)} GPU(s) ({','.join(gpus)})"
+        if len(gpus) < 2:
+            raise LayoutError(f"{have}: too few to split; set reward.gpus=0 (every stage shares them)")
+        raise LayoutError(f"{have}; the reward server may keep 1 to {len(gpus) - 1} of them and leave the rest "
+                          "to training, or 0 to share them all")
     cut = len(gpus) - reward_gpus
     return {"train": gpus[:cut], "reward": gpus[cut:]}
 
@@ -68,7 +70,10 @@ def apply(cfg: DictConfig, stage: str, environ: dict | None = None) -> list[str]
         return None
     if stage == "serve" and r.get("ray_address"):
         return None
+    gpus = node_gpus(environ)
+    if not gpus:          # no GPU at all: the device check that follows says so (device=cuda) or the run is CPU
+        return None
     check_replicas(r)
-    part = split(node_gpus(environ), int(r.gpus))[PARTS[stage]]
+    part = split(gpus, int(r.gpus))[PARTS[stage]]
     environ["CUDA_VISIBLE_DEVICES"] = ",".join(part)
     return part

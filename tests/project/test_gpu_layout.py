@@ -20,8 +20,10 @@ def test_split_by_hand():
     assert split(["3", "5"], 1) == {"train": ["3"], "reward": ["5"]}       # the ids CUDA_VISIBLE_DEVICES names
     assert split(gpus, 0) == {"train": gpus, "reward": []}
     for bad in (8, 9, -1):
-        with pytest.raises(LayoutError, match=f"reward.gpus={bad}: this node has 8 GPU"):
+        with pytest.raises(LayoutError, match=f"reward.gpus={bad}: this node has 8 GPU.*may keep 1 to 7 of them"):
             split(gpus, bad)
+    with pytest.raises(LayoutError, match=r"reward.gpus=1: this node has 1 GPU\(s\) \(0\): too few to split"):
+        split(["0"], 1)
 
 
 def test_each_stage_gets_its_part_of_the_node():
@@ -38,6 +40,7 @@ def test_each_stage_gets_its_part_of_the_node():
     assert apply(load_config(["profile=cosyvoice2", "reward.gpus=0"]), "train", env) is None and env == {
         "CUDA_VISIBLE_DEVICES": EIGHT}                               # 0: every stage sees every GPU
     assert apply(load_config(["profile=realsize"]), "serve", env) is None          # a CPU run
+    assert apply(cfg, "serve", {"CUDA_VISIBLE_DEVICES": ""}) is None    # no GPU at all: the device check speaks
     assert apply(load_config(["profile=cosyvoice2", "reward.ray_address=auto"]), "serve", env) is None
 
 
