@@ -50,13 +50,13 @@ def test_replicas_that_do_not_fit_stop_in_one_line():
         apply(cfg, "serve", {"CUDA_VISIBLE_DEVICES": EIGHT})
 
 
-def test_the_reward_ray_and_verl_see_their_parts(monkeypatch):
+def test_the_reward_ray_and_verl_see_their_parts(monkeypatch, tmp_path):
     """Stage 1's local Ray gets exactly the reward's GPUs; stage 2's verl command counts the training GPUs (6 of 8:
     torch.cuda.device_count() of the restricted list, simulated here) and a step of 48 x 8 samples divides over them."""
     from grpo.train import verl_launcher
     from reward_server.serve import local_resources
 
-    cfg = load_config(["profile=cosyvoice2"])
+    cfg = load_config(["profile=cosyvoice2", f"exp_dir={tmp_path}"])      # the verl command creates train/
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", EIGHT)
     apply(cfg, "serve")
     assert local_resources(cfg) == {"num_gpus": 2}
