@@ -42,15 +42,25 @@ def cuda_usable() -> tuple[bool, str]:
     return True, ""
 
 
+def query_gpus(field: str) -> list[str]:
+    """One `nvidia-smi --query-gpu` field, a value per GPU ([] without nvidia-smi or when it fails); it does not
+    initialise CUDA in this process."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def driver_version() -> tuple[int, ...] | None:
     """The NVIDIA driver's version (nvidia-smi), None when it cannot be read."""
-    if not shutil.which("nvidia-smi"):
-        return None
+    versions = query_gpus("driver_version")
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.split()
-        return tuple(int(x) for x in out[0].split(".")) if out else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return tuple(int(x) for x in versions[0].split(".")) if versions else None
+    except ValueError:
         return None
 
 

@@ -11,8 +11,6 @@ applies to one node; on a Ray cluster of several, place the reward server with `
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 from omegaconf import DictConfig
 
@@ -30,14 +28,9 @@ def node_gpus(environ: dict | None = None) -> list[str]:
     visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()]
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    from grpo.device import query_gpus
+
+    return query_gpus("index")
 
 
 def split(gpus: list[str], reward_gpus: int) -> dict[str, list[str]]:
