@@ -100,6 +100,9 @@ def build_inputs(items, feats, tokenizer, vocab: SpeechVocab, llm_prompt: bool =
     return inputs
 
 
+RENDER_CHUNK = 64       # utterances per Token2Wav.batch call in stage 4 (length buckets are formed inside one)
+
+
 class Evaluator:
     def __init__(self, cfg: DictConfig, items: list[ZeroShotItem], indices: list[int] | None = None):
         """`indices`: each item's index in the whole set (its seeds follow it; grpo.evaluate.parallel's shards)."""
@@ -132,7 +135,13 @@ class Evaluator:
         if self.e.write_wavs or audio_judges or hears_speaker:
             from grpo.speech.token2wav import Token2Wav
 
-            self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, self.device)
+            frames = self.e.token2wav_batch_frames
+            if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
+                raise ValueError(f"eval.token2wav_batch_frames: expected 0 (one utterance at a time) or a number of "
+                                 f"mel frames, got {frames!r}")
+            self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, self.device,
+                                       max_frames_per_batch=frames or 20000,
+                                       max_padding=cfg.reward.token2wav.max_padding)
         if self.e.num_samples < 1:
             raise ValueError(f"eval.num_samples must be at least 1, got {self.e.num_samples}")
         self.extra = extra_judges(self.e)
@@ -208,10 +217,40 @@ class Evaluator:
             out[k] = ("", None) if hyp is None else (hyp, cer.utterance_error_rate(it.text, hyp, it.language))
         return out
 
+    def render(self, keys: list, tokens: dict, name: str) -> dict:
+        """Audio per (item id, sample), None where token2wav failed. Seeds follow the item id and sample. With
+        eval.token2wav_batch_frames, chunks of RENDER_CHUNK utterances in batched flow passes (a chunk that fails
+        is rendered again one by one, so that only the failing utterance counts as failed); else upstream's own
+        per-utterance flow.inference."""
+        from grpo.speech.speakers import stable_hash
+
+        seed = {k: (stable_hash(k[0]) + k[1]) % (2**31) for k in keys}
+        out = {}
+        chunk = RENDER_CHUNK if self.e.token2wav_batch_frames else 1
+        with tqdm(total=len(keys), desc=f"token2wav {name}", mininterval=5) as bar:
+            for start in range(0, len(keys), chunk):
+                part = keys[start:start + chunk]
+                if len(part) > 1:
+                    try:
+                        wavs = self.token2wav.batch([tokens[k] for k in part], [self.feats[k[0]] for k in part],
+                                                    [seed[k] for k in part])
+                        out.update(zip(part, wavs))
+                        bar.update(len(part))
+                        continue
+                    except Exception as exc:
+                        log.warning("batched token2wav failed for %d utterances (%s); one by one", len(part), exc)
+                for k in part:
+                    try:
+                        out[k] = self.token2wav(tokens[k], self.feats[k[0]], seed=seed[k])
+                    except Exception as exc:
+                        log.warning("token2wav failed for %s (sample %d): %s", k[0], k[1], exc)
+                        out[k] = None
+                    bar.update(1)
+        return out
+
     def evaluate(self, name: str, model_dir: Path) -> list[Scored]:
         import soundfile as sf
 
-        from grpo.speech.speakers import stable_hash
         from grpo.speech.token2wav import resample
 
         speech = self.generate(model_dir)
@@ -219,23 +258,21 @@ class Evaluator:
         wav_dir.mkdir(parents=True, exist_ok=True)
         by_id = {it.id: it for it in self.items}
         tokens = {(it.id, j): toks for it, group in zip(self.items, speech) for j, toks in enumerate(group)}
-        wavs, paths, failed = {}, {}, set()
-        for (i, j), toks in tqdm(list(tokens.items()), desc=f"token2wav {name}", mininterval=5):
-            if not toks:
-                failed.add((i, j))
-                continue
-            if self.token2wav is not None:
-                try:
-                    wavs[i, j] = self.token2wav(toks, self.feats[i], seed=(stable_hash(i) + j) % (2**31))
-                except Exception as exc:   # counted as a failure, never scored as perfect or zero
-                    log.warning("token2wav failed for %s (sample %d): %s", i, j, exc)
-                    failed.add((i, j))
+        wavs, paths = {}, {}
+        failed = {k for k, toks in tokens.items() if not toks}
+        if self.token2wav is not None:
+            todo = [k for k in tokens if k not in failed]
+            for k, wav in self.render(todo, tokens, name).items():
+                if wav is None:              # counted as a failure, never scored as perfect or zero
+                    failed.add(k)
                     continue
+                wavs[k] = wav
                 if self.e.write_wavs:
+                    i, j = k
                     rel = f"{name}/{i}.wav" if j == 0 else f"{name}/{i}_s{j}.wav"
-                    sf.write(Path(self.e.out_dir) / rel, wavs[i, j], self.token2wav.sample_rate)
-                    wavs[i, j] = sf.read(Path(self.e.out_dir) / rel, dtype="float32")[0]   # what the file holds
-                    paths[i, j] = rel                   # (16-bit): judges hear it, as Seed-TTS-eval reads wavs
+                    sf.write(Path(self.e.out_dir) / rel, wav, self.token2wav.sample_rate)
+                    wavs[k] = sf.read(Path(self.e.out_dir) / rel, dtype="float32")[0]   # what the file holds
+                    paths[k] = rel                      # (16-bit): judges hear it, as Seed-TTS-eval reads wavs
         keys = [k for k in tokens if k not in failed]
         hears_audio = self.sim is not None or any(n not in SYNTHETIC_JUDGES for n in self.judges)
         wavs16 = ({k: resample(w, self.token2wav.sample_rate, 16000) for k, w in wavs.items()}   # once, for all

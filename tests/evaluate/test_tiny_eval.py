@@ -85,3 +85,62 @@ def test_data_parallel_workers_give_the_single_process_figures(tiny_cfg, tmp_pat
         assert json.loads(EvalDir(out).inputs.read_text().splitlines()[4])["id"] == json.loads(
             Path(cfg.eval.data_path).read_text().splitlines()[4])["id"]
     assert len(rows[1]) == 1 + 5 * 2 and rows[2] == rows[1]
+
+
+def varied_tokens(self, model_dir):
+    """Item i, sample j speaks 5 + 3 i tokens from 10 i + j: lengths differ, so the batched flow pads."""
+    return [[list(range(10 * i + j, 10 * i + j + 5 + 3 * i)) for j in range(self.e.num_samples)]
+            for i in range(len(self.items))]
+
+
+def test_batched_token2wav_writes_the_audio_of_upstreams_per_utterance_path(tiny_cfg, tmp_path, monkeypatch):
+    """eval.token2wav_batch_frames renders stage 4's audio in batched flow passes: every wav equals the one upstream's
+    flow.inference renders one utterance at a time, up to float rounding (16-bit files: 1e-3); a batch that fails is
+    rendered again one by one, and only the utterance that fails alone counts as failed."""
+    import soundfile as sf
+
+    from grpo.speech.token2wav import Token2Wav
+
+    monkeypatch.setattr(evaluate.Evaluator, "generate", varied_tokens)
+    batch_calls = []
+    real_batch = Token2Wav.batch
+
+    def counted_batch(self, tokens, speakers, seeds):
+        batch_calls.append(len(tokens))
+        return real_batch(self, tokens, speakers, seeds)
+
+    monkeypatch.setattr(Token2Wav, "batch", counted_batch)
+    wavs = {}
+    for frames in (0, 20000):
+        out = tmp_path / f"eval{frames}"
+        cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=4", "eval.num_samples=2",
+                       f"eval.token2wav_batch_frames={frames}")
+        assert evaluate.run(cfg) == 0
+        wavs[frames] = {p.name: sf.read(p, dtype="float32")[0] for p in EvalDir(out).wavs("base").glob("*.wav")}
+    assert batch_calls == [8]                  # 0: never batched; 20000: the 8 utterances in one call
+    assert sorted(wavs[0]) == sorted(wavs[20000]) and len(wavs[0]) == 8
+    for name, wav in wavs[0].items():
+        assert wav.shape == wavs[20000][name].shape, name
+        np.testing.assert_allclose(wavs[20000][name], wav, rtol=0, atol=1e-3, err_msg=name)
+
+    def failing_batch(self, tokens, speakers, seeds):
+        raise RuntimeError("out of memory")
+
+    real_call = Token2Wav.__call__
+    first_item = {}
+
+    def one_fails(self, tokens, speaker, seed=0):
+        if first_item.setdefault("tokens", tokens) == tokens:
+            raise RuntimeError("this utterance fails alone")
+        return real_call(self, tokens, speaker, seed)
+
+    monkeypatch.setattr(Token2Wav, "batch", failing_batch)
+    monkeypatch.setattr(Token2Wav, "__call__", one_fails)
+    out = tmp_path / "eval_fail"
+    cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=4", "eval.num_samples=2",
+                   "eval.token2wav_batch_frames=20000")
+    assert evaluate.run(cfg) == 0
+    assert len(list(EvalDir(out).wavs("base").glob("*.wav"))) == 7
+    with pytest.raises(ValueError, match="eval.token2wav_batch_frames"):
+        evaluate.run(tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=1",
+                              "eval.token2wav_batch_frames=-1"))
