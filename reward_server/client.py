@@ -12,7 +12,8 @@ the server reports as failed (status "error") are retried with exponential backo
 `retry_budget_s` has passed (long enough to ride out a replica restart) or `retries` attempts were made; then
 those callers -- and only those -- get RewardServerError: there is never a silent 0.0. A 4xx names the bad
 items: those callers get RewardRequestError and the rest of the request is sent again without them; a request
-over the server's size limits (413) is split in halves.
+over the server's size limits (413) is split in halves. A request's read timeout is `timeout_s` or, once requests
+have been answered, `timeout_factor` times the slowest of them, whichever is longer (`request_timeout`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class RewardRequestError(RewardServerError):
 @dataclass
 class ClientConfig:
     url: str
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0          # a request's read timeout, at least; it grows with the measured time:
+    timeout_factor: float = 4.0       # ... to this many times the slowest request answered so far
     retries: int | None = None        # at most this many retries (None: as many as the budget allows)
     backoff_s: float = 0.5
     retry_budget_s: float = 120.0     # stop retrying this long after the first attempt
@@ -94,6 +96,7 @@ class RewardClient:
     def __init__(self, config: ClientConfig):
         self.config = config
         self.retries_made = 0      # retried POSTs since creation (all loops), for logs and tests
+        self.slowest_s = 0.0       # the slowest answered request so far (queue + batch), all loops
         # httpx clients are bound to the loop they were made in; verl may call from several loops
         self._loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -102,6 +105,19 @@ class RewardClient:
         if loop not in self._loops:
             self._loops[loop] = _LoopState(self.config)
         return self._loops[loop]
+
+    def request_timeout(self) -> float:
+        """The read timeout of the next request: timeout_s, or timeout_factor x the slowest request answered so far
+        if that is longer -- sized from what this run measures (a larger model, a longer queue, a slower GPU), not
+        from a guess. A request that never answers still ends: the first ones wait timeout_s at most."""
+        return max(self.config.timeout_s, self.config.timeout_factor * self.slowest_s)
+
+    def _measured(self, seconds: float) -> None:
+        before = self.request_timeout()
+        self.slowest_s = max(self.slowest_s, seconds)
+        if self.request_timeout() >= 2 * before:
+            log.info("reward server: a request took %.1f s; the client's timeout is now %.0f s "
+                     "(reward.client.timeout_factor x the slowest)", seconds, self.request_timeout())
 
     def _retry_allowed(self, attempt: int, started: float) -> bool:
         if self.config.retries is not None and attempt > self.config.retries:
@@ -129,7 +145,11 @@ class RewardClient:
             attempt += 1
             try:
                 async with state.semaphore:
-                    resp = await state.http.post("/score", json={"items": [items[i] for i in todo]})
+                    sent = time.monotonic()
+                    resp = await state.http.post("/score", json={"items": [items[i] for i in todo]},
+                                                 timeout=httpx.Timeout(self.request_timeout(), connect=10.0))
+                    if resp.status_code == 200:
+                        self._measured(time.monotonic() - sent)
             except httpx.TransportError as exc:   # connection refused/reset, timeouts
                 last_error = f"{type(exc).__name__}: {exc}"
                 continue

@@ -3,9 +3,9 @@
 verl 0.9.1's reward loop awaits `compute_score(data_source, solution_str, ground_truth, extra_info,
 **reward_kwargs)` with the response decoded by `tokenizer.decode(..., skip_special_tokens=True)`,
 so speech tokens arrive as `<|s_N|>` strings. Keys in `reward_kwargs` (set by the launcher from
-`reward.*`): url, timeout_s, retries, backoff_s, retry_budget_s, max_concurrency, auth_token, batch_wait_s,
-max_items_per_request, no_speech_reward, on_failure, failure_log, component_log. Concurrent calls are sent to the server
-together (reward_server.client). Every failure (after the client's retries) is also appended to
+`reward.*`): url, timeout_s, timeout_factor, retries, backoff_s, retry_budget_s, max_concurrency, auth_token,
+batch_wait_s, max_items_per_request, no_speech_reward, on_failure, failure_log, component_log. Concurrent calls are
+sent to the server together (reward_server.client). Every failure (after the client's retries) is also appended to
 `failure_log`: verl's agent loop catches a raising reward per sample and drops the group, so the verl
 launcher watches that file and fails the run (on_failure=raise) instead of training on silently
 shrunken batches. Inside verl's Ray cluster both logs are written on the head node, whichever node the
@@ -39,7 +39,8 @@ def client_for(**config) -> RewardClient:
 
 
 async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
-                        timeout_s: float = 120.0, retries: int | None = None, backoff_s: float = 0.5,
+                        timeout_s: float = 120.0, timeout_factor: float = 4.0, retries: int | None = None,
+                        backoff_s: float = 0.5,
                         retry_budget_s: float = 120.0, max_concurrency: int = 8,
                         auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 8,
                         no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
@@ -57,9 +58,9 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
         return out
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
-    client = client_for(url=url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
-                        retry_budget_s=retry_budget_s, max_concurrency=max_concurrency, auth_token=auth_token,
-                        batch_wait_s=batch_wait_s, max_items_per_request=max_items_per_request)
+    client = client_for(url=url, timeout_s=timeout_s, timeout_factor=timeout_factor, retries=retries,
+                        backoff_s=backoff_s, retry_budget_s=retry_budget_s, max_concurrency=max_concurrency,
+                        auth_token=auth_token, batch_wait_s=batch_wait_s, max_items_per_request=max_items_per_request)
     try:
         result = await client.score_one(item)
     except RewardServerError as exc:
@@ -118,7 +119,8 @@ def requests_in_flight(r) -> int:
 def reward_kwargs(cfg) -> dict:
     """The keyword arguments compute_score takes, from the root config (reward.*)."""
     r = cfg.reward
-    return {"url": r.url, "timeout_s": r.client.timeout_s, "retries": r.client.retries,
+    return {"url": r.url, "timeout_s": r.client.timeout_s, "timeout_factor": r.client.timeout_factor,
+            "retries": r.client.retries,
             "retry_budget_s": r.client.retry_budget_s,
             "backoff_s": r.client.backoff_s, "max_concurrency": requests_in_flight(r),
             "batch_wait_s": r.client.batch_wait_s,
