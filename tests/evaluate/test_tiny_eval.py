@@ -72,15 +72,21 @@ def test_shards_cover_every_item_once_by_hand():
         assert sorted(i for part in shards(n, k) for i in part) == list(range(n))
 
 
+def evaluate_base(tiny_cfg, out, *overrides, items=4, samples=2):
+    """Stage 4 on the base model alone, eval.max_items items x eval.num_samples samples, into `out`."""
+    cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", f"eval.max_items={items}",
+                   f"eval.num_samples={samples}", *overrides)
+    assert evaluate.run(cfg) == 0
+    return cfg
+
+
 def test_data_parallel_workers_give_the_single_process_figures(tiny_cfg, tmp_path):
     """Stage 4 on two worker processes (vLLM decoding, token2wav, ASR in each) writes the per-item rows a single
     process writes: every item once, in the set's order, with its own seeds."""
     rows = {}
     for workers in (1, 2):
         out = tmp_path / f"eval{workers}"
-        cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=5", "eval.num_samples=2",
-                       f"eval.data_parallel={workers}")
-        assert evaluate.run(cfg) == 0
+        cfg = evaluate_base(tiny_cfg, out, f"eval.data_parallel={workers}", items=5)
         rows[workers] = EvalDir(out).tsv("base").read_text().splitlines()
         assert json.loads(EvalDir(out).inputs.read_text().splitlines()[4])["id"] == json.loads(
             Path(cfg.eval.data_path).read_text().splitlines()[4])["id"]
@@ -113,9 +119,7 @@ def test_batched_token2wav_writes_the_audio_of_upstreams_per_utterance_path(tiny
     wavs = {}
     for frames in (0, 20000):
         out = tmp_path / f"eval{frames}"
-        cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=4", "eval.num_samples=2",
-                       f"eval.token2wav_batch_frames={frames}")
-        assert evaluate.run(cfg) == 0
+        evaluate_base(tiny_cfg, out, f"eval.token2wav_batch_frames={frames}")
         wavs[frames] = {p.name: sf.read(p, dtype="float32")[0] for p in EvalDir(out).wavs("base").glob("*.wav")}
     assert batch_calls == [8]                  # 0: never batched; 20000: the 8 utterances in one call
     assert sorted(wavs[0]) == sorted(wavs[20000]) and len(wavs[0]) == 8
@@ -137,10 +141,7 @@ def test_batched_token2wav_writes_the_audio_of_upstreams_per_utterance_path(tiny
     monkeypatch.setattr(Token2Wav, "batch", failing_batch)
     monkeypatch.setattr(Token2Wav, "__call__", one_fails)
     out = tmp_path / "eval_fail"
-    cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=4", "eval.num_samples=2",
-                   "eval.token2wav_batch_frames=20000")
-    assert evaluate.run(cfg) == 0
+    evaluate_base(tiny_cfg, out, "eval.token2wav_batch_frames=20000")
     assert len(list(EvalDir(out).wavs("base").glob("*.wav"))) == 7
     with pytest.raises(ValueError, match="eval.token2wav_batch_frames"):
-        evaluate.run(tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=1",
-                              "eval.token2wav_batch_frames=-1"))
+        evaluate_base(tiny_cfg, out, "eval.token2wav_batch_frames=-1", items=1)
