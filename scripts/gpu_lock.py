@@ -145,7 +145,7 @@ def check_cuda12() -> list[str]:
     """gpu-cu12.txt pins gpu.txt's releases (local build tags aside): the CUDA 12 image runs what CI tests."""
     gpu, cu12 = parse(REQ / "gpu.txt"), parse(REQ / "gpu-cu12.txt")
     urls = dict(re.findall(r"^([\w-]+) @ \S+/v?([\d.]+)/", (REQ / "gpu-cu12.txt").read_text(), re.M))
-    cu12.update({name: v for name, v in urls.items()})
+    cu12.update(urls)
     return [f"requirements/gpu-cu12.txt: {name} {cu12.get(name)}, gpu.txt {version} (the CUDA 12 image must build "
             "the same release)" for name, version in gpu.items()
             if name != "onnxruntime-gpu" and release(cu12.get(name, "?")) != release(version)]

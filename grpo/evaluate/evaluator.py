@@ -139,10 +139,10 @@ class Evaluator:
             if not isinstance(frames, int) or isinstance(frames, bool) or frames < 0:
                 raise ValueError(f"eval.token2wav_batch_frames: expected 0 (one utterance at a time) or a number of "
                                  f"mel frames, got {frames!r}")
+            bound = {"max_frames_per_batch": frames} if frames else {}     # 0: the batched path is never taken
             # float32 on every device, as upstream's per-utterance path runs (the reward's bf16 is not the protocol)
             self.token2wav = Token2Wav(cfg.model.cosyvoice_dir, self.device, dtype="float32",
-                                       max_frames_per_batch=frames or 20000,
-                                       max_padding=cfg.reward.token2wav.max_padding)
+                                       max_padding=cfg.reward.token2wav.max_padding, **bound)
         if self.e.num_samples < 1:
             raise ValueError(f"eval.num_samples must be at least 1, got {self.e.num_samples}")
         self.extra = extra_judges(self.e)
