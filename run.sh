@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # cosyvoice-grpo recipe. Stages (logic lives in Python: `python -m grpo <stage> ...`):
 #   -1 models    grpo/model/prepare.py        build tiny models / download CosyVoice2 + SenseVoice, convert the LLM to HF
-#    0 data      grpo/data.py                 JSONL -> verl parquet
+#    0 data      grpo/data/stage.py           JSONL -> verl parquet
 #    1 serve     reward_server/serve.py       reward server (Ray Serve); foreground alone, background inside a range
 #    2 train     grpo/train/launch.py         GRPO (local engine or verl)
 #    3 merge     grpo/train/merge.py          checkpoints -> Hugging Face
-#    4 evaluate  grpo/evaluate/evaluator.py   zero-shot CER report
+#    4 evaluate  grpo/evaluate/stage.py       zero-shot CER report
 #    5 export    grpo/model/export.py         Hugging Face -> CosyVoice llm.pt
 #
 # Usage:

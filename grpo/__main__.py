@@ -6,22 +6,24 @@ import importlib
 import logging
 import sys
 
+from hydra.errors import HydraException
+
 from grpo.config import load_config, setup_logging
-from grpo.upstream import UpstreamError, check_imported
+from grpo.upstream.pin import UpstreamError, check_imported
 
 # stage name -> module with `run(cfg)`
 STAGES = {
     "models": "grpo.model.prepare",             # -1: build tiny models or download real ones, convert to HF
-    "data": "grpo.data",                        # 0: JSONL -> verl parquet
+    "data": "grpo.data.stage",                  # 0: JSONL -> verl parquet
     "serve": "reward_server.serve",             # 1: reward server (foreground)
     "train": "grpo.train.launch",               # 2: GRPO (local engine or verl)
     "merge": "grpo.train.merge",                # 3: checkpoints -> HF
-    "evaluate": "grpo.evaluate.evaluator",      # 4: zero-shot CER report
+    "evaluate": "grpo.evaluate.stage",          # 4: zero-shot CER report
     "export": "grpo.model.export",              # 5: HF -> CosyVoice llm.pt
 }
 
 # stages that never touch a device (stage 0's text, FSDP shards merged and llm.pt written on the CPU); every other
-# stage checks `device` first (grpo/device.py)
+# stage checks `device` first (grpo/node/device.py)
 DEVICE_FREE = ("data", "merge", "export")
 
 USAGE = "usage: python -m grpo {" + ",".join(STAGES) + "} [key=value ...]"
@@ -36,16 +38,20 @@ def main(argv: list[str]) -> int:
         print(f"unknown stage {stage!r}\n{USAGE}", file=sys.stderr)
         return 2
     try:
-        check_imported()           # CosyVoice's code is upstream's at the pinned commit, unedited (grpo/upstream.py)
+        check_imported()           # CosyVoice's code: upstream's at the pinned commit, unedited (grpo/upstream/pin.py)
     except UpstreamError as exc:
         print(f"[grpo] {exc}", file=sys.stderr)
         return 2
     setup_logging()
-    cfg = load_config(overrides)
+    try:
+        cfg = load_config(overrides)
+    except HydraException as exc:           # a mistyped key or value: Hydra's message in one line, no traceback
+        print(f"[grpo] {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     dry_run = stage == "train" and cfg.train.verl.get("dry_run", False)     # composes verl's command only
     if stage not in DEVICE_FREE and not dry_run:
-        from grpo.device import DeviceError, resolve
-        from grpo.gpu_layout import LayoutError, apply
+        from grpo.node.device import DeviceError, resolve
+        from grpo.node.gpu_layout import LayoutError, apply
 
         try:
             apply(cfg, stage)                # reward.gpus: this stage's GPUs of the node, before CUDA is touched

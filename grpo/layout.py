@@ -7,7 +7,7 @@ properties below, so renaming one is a one-line change.
     exp/<profile>/
       models/          model.cosyvoice_dir, model.hf_dir (hf_llm), the ASR dirs, prompt speakers, the codebook
       data/            data.out_dir: train.parquet, val.parquet; sources/ (data.sources.out_dir: text/, prompts/,
-                       eval/<name>/, each stamped; grpo/sources.py)
+                       eval/<name>/, each stamped; grpo/data/sources.py)
       server.log       stage 1 when it runs in the background
       train/           train.out_dir: TrainDir
       eval/            eval.out_dir: EvalDir (each of eval.extra_sets in eval/<name>/, the same layout)

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
-from grpo.memory import release_freed_memory
+from grpo.node.memory import release_freed_memory
 from reward_server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from reward_server.protocol import Limits, RequestError, parse_request
 

@@ -10,8 +10,8 @@ import threading
 
 from omegaconf import DictConfig
 
-from grpo import cluster_check
 from grpo.config import REPO_ROOT
+from grpo.node import cluster_check
 
 log = logging.getLogger("reward_server")
 APP_NAME = "reward"
@@ -40,10 +40,10 @@ def start(cfg: DictConfig) -> None:
 
 def local_resources(cfg: DictConfig) -> dict:
     """The local Ray's GPUs under a layout (reward.gpus: the stage already restricted CUDA_VISIBLE_DEVICES to the
-    reward's part, grpo/gpu_layout.py): exactly those, so that the replicas' placement is Ray's to check."""
+    reward's part, grpo/node/gpu_layout.py): exactly those, so that the replicas' placement is Ray's to check."""
     if not cfg.reward.get("gpus") or cfg.get("device") == "cpu":
         return {}
-    from grpo.gpu_layout import node_gpus
+    from grpo.node.gpu_layout import node_gpus
 
     return {"num_gpus": len(node_gpus())}
 

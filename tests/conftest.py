@@ -47,7 +47,7 @@ FAST_TINY = ["model.tiny.warm_start.steps=40", "model.tiny.warm_start.batch_size
 @pytest.fixture(scope="session")
 def tiny_exp(tmp_path_factory) -> Path:
     """exp_dir with stages -1 and 0 of the tiny profile done (models, codebook, speakers, HF conversion, data)."""
-    from grpo import data
+    from grpo.data import stage as data
     from grpo.model import prepare as models
 
     exp = tmp_path_factory.mktemp("exp_tiny")
@@ -112,7 +112,7 @@ def speaker_embedding_by_hand(wav16k):
 def tiny3_cfg(tmp_path_factory):
     """Factory: the tiny3 profile (CosyVoice3's layout at tiny sizes) with stages -1 and 0 done, no warm start
     (what its tests check needs no trained LLM)."""
-    from grpo import data
+    from grpo.data import stage as data
     from grpo.model import prepare as models
 
     exp = tmp_path_factory.mktemp("exp_tiny3")

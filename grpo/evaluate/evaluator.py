@@ -1,4 +1,4 @@
-"""Stage 4: zero-shot CER of the base model and selected checkpoints.
+"""Stage 4's evaluator: zero-shot CER of one model directory on a set (the driver is grpo/evaluate/stage.py).
 
 Per checkpoint: vLLM generates speech tokens for every item (CosyVoice2's zero-shot input: prompt text
 + target text, then the prompt's speech tokens as the assistant prefix; speech tokens only, seeded) under
@@ -17,18 +17,15 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from grpo.checkpoint_selection import select_checkpoints
-from grpo.decoding import length_bounds, sampling_kwargs, text_token_count
-from grpo.device import resolve as resolve_device
-from grpo.evaluate import cer, report
+from grpo.data.test_sets import ZeroShotItem
+from grpo.decoding import length_bounds, request_seed, sampling_kwargs, text_token_count
+from grpo.evaluate import cer
 from grpo.evaluate.html_report import SYNTHETIC_JUDGES, SYNTHETIC_SPEAKER
-from grpo.evaluate.parallel import evaluate_parallel, worker_count
-from grpo.evaluate.test_sets import ZeroShotItem, extra_sets, load_set
 from grpo.layout import EvalDir
 from grpo.model.speech_vocab import SpeechVocab
+from grpo.node.device import resolve as resolve_device
 from grpo.speech.speakers import speaker_index
 from grpo.speech.text_frontend import llm_text_ids, normalize_prompt, target_segments
-from grpo.train.local_engine import request_seed
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +122,9 @@ class Evaluator:
                                                              self.e.max_token_text_ratio)
             x["decoding"] = self.e.decoding
         max_len = max(len(p) for p in self.prompts) + max(x["max_tokens"] for x in self.inputs) + 8
-        dtype = cfg.train.rollout.dtype
-        self.engine = VLLMRollout(base, self.vocab, dtype, cfg.train.rollout.gpu_memory_utilization,
+        self.engine = VLLMRollout(base, self.vocab, self.e.dtype, cfg.train.rollout.gpu_memory_utilization,
                                   cfg.train.rollout.enforce_eager, max_len, cfg.seed,
-                                  cfg.train.rollout.cpu_kv_cache_gib)
+                                  cfg.train.rollout.cpu_kv_cache_gib, decodings=(self.e.decoding,))
         self.token2wav = None
         audio_judges = [j for j in [self.e.asr, *extra_judges(self.e)] if j not in SYNTHETIC_JUDGES]
         hears_speaker = self.e.speaker_model and self.e.speaker_model != SYNTHETIC_SPEAKER
@@ -300,67 +296,3 @@ class Evaluator:
 def extra_judges(e) -> list[str]:
     """The judges scored beside eval.asr: eval.judges, and the reward's own ASR (eval.reward_judge) if not listed."""
     return [j for j in dict.fromkeys([*e.judges, e.reward_judge]) if j and j != e.asr]
-
-
-def write_inputs(path: Path, inputs: list[dict]) -> None:
-    """eval/inputs.jsonl: per item what the model was fed (texts after the frontend, ids, length bounds, decoding)."""
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for x in inputs:
-            f.write(json.dumps(x, ensure_ascii=False) + "\n")
-
-
-def copy_prompts(out_dir: Path, items) -> None:
-    """Each item's prompt audio beside the report (report.html plays it by a relative path)."""
-    import shutil
-
-    for it in items:
-        if it.prompt_wav and Path(it.prompt_wav).exists():
-            out_dir.mkdir(parents=True, exist_ok=True)
-            if Path(it.prompt_wav).suffix == ".wav":
-                shutil.copyfile(it.prompt_wav, out_dir / f"{it.id}.wav")
-
-
-def run(cfg: DictConfig) -> int:
-    """eval.set, then each of eval.extra_sets (its keys override eval.*) into eval.out_dir/<name>."""
-    from omegaconf import OmegaConf
-
-    extras = extra_sets(cfg.eval)
-    evaluate_set(cfg)
-    for name, overrides in extras:
-        sub = OmegaConf.merge(cfg, {"eval": overrides})
-        log.info("extra set %s (%s) -> %s", name, sub.eval.data_path, sub.eval.out_dir)
-        evaluate_set(sub)
-    return 0
-
-
-def evaluate_set(cfg: DictConfig) -> None:
-    e = cfg.eval
-    items = load_set(e.set, e.data_path, e.get("language"))
-    if e.max_items:
-        items = items[: e.max_items]
-    if not items:
-        raise ValueError(f"no items in {e.data_path}")
-    checkpoints = select_checkpoints(cfg, e.checkpoints)
-    log.info("evaluating %d checkpoint(s) on %d items: %s", len(checkpoints), len(items), ", ".join(checkpoints))
-    unit, extra = report.unit_of(e), extra_judges(e)
-
-    def write(name: str, scored: list[Scored]) -> None:
-        r = report.write_checkpoint(Path(e.out_dir), name, scored, unit, extra)
-        log.info("%s: CER %.4f over %d samples (%d failures)", name, r["cer"], r["count"], r["failures"])
-
-    copy_prompts(Path(e.out_dir) / "prompts", items)
-    workers = worker_count(e, cfg.device)
-    if workers > 1:
-        inputs, scored = evaluate_parallel(cfg, items, checkpoints, workers)
-        write_inputs(EvalDir(e.out_dir).inputs, inputs)
-        for name in checkpoints:
-            write(name, scored[name])
-    else:             # one process: each checkpoint's report is written as soon as it is scored
-        evaluator = Evaluator(cfg, items)
-        write_inputs(EvalDir(e.out_dir).inputs, evaluator.inputs)
-        for name, path in checkpoints.items():
-            write(name, evaluator.evaluate(name, path))
-    report.render(Path(e.out_dir), list(checkpoints), e)

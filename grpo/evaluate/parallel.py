@@ -28,7 +28,7 @@ def worker_count(e: DictConfig, device: str) -> int:
     if wanted == "auto":
         if device != "cuda":
             return 1
-        from grpo.gpu_layout import node_gpus
+        from grpo.node.gpu_layout import node_gpus
 
         return max(1, len(node_gpus()))
     if not isinstance(wanted, int) or wanted < 1:
@@ -55,7 +55,7 @@ def evaluate_parallel(cfg: DictConfig, items: list, checkpoints: dict, workers: 
     parts = shards(len(items), workers)
     gpus: list[str | None] = [None] * len(parts)
     if cfg.device == "cuda":
-        from grpo.gpu_layout import node_gpus
+        from grpo.node.gpu_layout import node_gpus
 
         visible = node_gpus()
         if len(visible) < len(parts):

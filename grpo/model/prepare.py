@@ -2,7 +2,8 @@
 
 - profile tiny (`model.source=tiny`): build CosyVoice2-shaped models with random weights (grpo.standins.tiny),
   the synthetic codebook, seeded prompt speakers, and warm-start the LLM on codebook targets.
-- profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B, SenseVoiceSmall and the evaluation ASRs.
+- profile cosyvoice2 (`model.source=modelscope`): download CosyVoice2-0.5B, SenseVoiceSmall and the evaluation ASRs,
+  or use local copies checked file by file (grpo.model.download).
 - profile realsize (`model.source=realsize`): the same directories built with random weights at the released
   sizes (grpo.standins.realsize); the prompt speakers of both come from real clips through CosyVoice's frontend.
 Then `cosyvoice_dir/llm.pt` -> `model.hf_dir` (grpo.model.convert: exact, CosyVoice's biased head included).
@@ -22,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo.config import resolve_path
 from grpo.speech.family import family, family_of_dir
+from grpo.standins.tiny import build_default_codebook, codebook_texts, read_rows
 
 log = logging.getLogger(__name__)
 
@@ -30,28 +32,6 @@ TINY_BUILD_VERSION = 6      # bump when grpo.standins.tiny builds differently (2
                             # 3: a campplus.onnx stand-in, 4: warm start on random strings of every character,
                             # 5: the model family, upstream CosyVoice at the pinned commit,
                             # 6: the BPE learns the family's prompt prefix)
-
-
-def _read_rows(paths) -> list[dict]:
-    rows = []
-    for p in paths:
-        p = resolve_path(p)
-        if p.exists():
-            rows += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return rows
-
-
-def codebook_texts(cfg: DictConfig) -> list[tuple[str, str]]:
-    """(text, language) of every text and prompt text in the codebook's source files."""
-    return [(t, r.get("language", "zh")) for r in _read_rows(cfg.reward.codebook.sources)
-            for t in (r.get("text"), r.get("prompt_text")) if isinstance(t, str)]
-
-
-def build_default_codebook(cfg: DictConfig):
-    from grpo.speech.codebook import build_codebook
-
-    return build_codebook(codebook_texts(cfg), cfg.model.tiny.speech_token_size, cfg.reward.codebook.silence_fraction,
-                          cfg.reward.codebook.seed)
 
 
 def _stamp(cfg: DictConfig) -> str:
@@ -78,7 +58,7 @@ def warm_start_cached(cfg: DictConfig, cv_dir: Path, codebook, stamp: str) -> di
         log.info("warm start: the warm-started LLM of this build from %s (model.tiny.cache_dir)", cached)
         return json.loads(cached.with_suffix(".json").read_text())
     options = example_options(OmegaConf.to_container(ws, resolve=True))
-    train_rows = _read_rows([cfg.data.train_file])
+    train_rows = read_rows([cfg.data.train_file])
     stats = warm_start(cv_dir, codebook, [(r["text"], r.get("language", "zh")) for r in train_rows],
                        ws.steps, ws.batch_size, ws.lr, tiny.seed, alphabet=codebook_texts(cfg), **options)
     if cached:
@@ -114,38 +94,6 @@ def build_tiny(cfg: DictConfig) -> None:
 
     stats = warm_start_cached(cfg, cv_dir, codebook, stamp) if tiny.warm_start.steps > 0 else {}
     stamp_file.write_text(json.dumps({"stamp": stamp, "warm_start": stats}, indent=2))
-
-
-def download(cfg: DictConfig) -> None:
-    """Real models (needs the internet; not reachable on the CPU dev machines): CosyVoice2, SenseVoice and
-    Paraformer-zh from ModelScope, Whisper-large-v3 from the Hugging Face hub (the evaluation ASRs of
-    Seed-TTS-eval)."""
-    from huggingface_hub import snapshot_download as hf_download
-    from modelscope import snapshot_download
-
-    m = cfg.model
-    wanted = [("cosyvoice", m.cosyvoice_dir, "llm.pt"), ("sensevoice", m.sensevoice_dir, "model.pt"),
-              ("paraformer", m.paraformer_dir, "model.pt"), ("whisper", m.whisper_dir, "model.safetensors")]
-    for key, target, marker in wanted:
-        target = resolve_path(target)
-        if (target / marker).exists():
-            log.info("%s already present in %s", key, target)
-        elif key in m.get("huggingface", {}):
-            log.info("downloading %s from the Hugging Face hub -> %s", m.huggingface[key], target)
-            hf_download(m.huggingface[key], local_dir=str(target),
-                        allow_patterns=["*.json", "*.txt", "model.safetensors"])     # not the .bin/flax copies
-        else:
-            repo = modelscope_repo(m.modelscope[key])
-            log.info("downloading %s from ModelScope -> %s", repo, target)
-            snapshot_download(repo, local_dir=str(target))
-
-
-def modelscope_repo(name: str) -> str:
-    """A ModelScope id, or a funasr model name resolved as funasr's AutoModel resolves it (its name map):
-    `paraformer-zh` is what Seed-TTS-eval's run_wer.py loads, the SeACo-Paraformer large model."""
-    from funasr.download.name_maps_from_hub import name_maps_ms
-
-    return name_maps_ms.get(name, name)
 
 
 def convert(cfg: DictConfig) -> dict:
@@ -191,7 +139,7 @@ def prompt_speakers(cfg: DictConfig, clips: list[dict]) -> None:
 
 
 def run(cfg: DictConfig) -> int:
-    from grpo.sources import SourceError, fetch
+    from grpo.data.sources import SourceError, fetch
 
     try:
         fetch(cfg)              # data.sources first: a wrong id or no network stops before any model work
@@ -208,7 +156,13 @@ def run(cfg: DictConfig) -> int:
         audio = cfg.reward.backend != "synthetic"         # real token2wav needs prompt speakers
         clips = speaker_clips(cfg) if audio else []
         if cfg.model.source == "modelscope":
-            download(cfg)
+            from grpo.model.download import ModelError, download
+
+            try:
+                download(cfg)
+            except ModelError as exc:
+                log.error("models stage stopped: %s", exc)
+                return 1
         if audio:
             prompt_speakers(cfg, clips)
     else:

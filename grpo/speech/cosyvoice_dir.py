@@ -32,7 +32,7 @@ def load_cosyvoice_yaml(model_dir: str | Path, skip: Iterable[str] = ()) -> dict
 
     `skip` replaces top-level modules with None (not built); the GAN training wrapper is never built. Every
     `!name:` entry (the data pipeline's `cosyvoice.dataset.processor.*`, matcha's mel) is still imported, as
-    hyperpyyaml does for the released file: what they import must be installed (grpo/envcheck.py)."""
+    hyperpyyaml does for the released file: what they import must be installed (grpo/node/envcheck.py)."""
     from hyperpyyaml import load_hyperpyyaml
 
     model_dir = Path(model_dir)

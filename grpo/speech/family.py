@@ -1,5 +1,5 @@
 """The CosyVoice model families in one place: what differs between CosyVoice2 (CosyVoice2-0.5B) and CosyVoice3
-(Fun-CosyVoice3-0.5B-2512), as upstream CosyVoice at the pinned commit (grpo/upstream.py) defines it. Stages ask a
+(Fun-CosyVoice3-0.5B-2512), as upstream CosyVoice at the pinned commit (grpo/upstream/pin.py) defines it. Stages ask a
 `Family` for a fact instead of testing the family's name; `model.family` picks one.
 
 Read from upstream (file:class there):

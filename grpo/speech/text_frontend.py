@@ -1,5 +1,5 @@
 """CosyVoice's text frontend, in one place: normalise a text with upstream's own `CosyVoiceFrontEnd.text_normalize`
-(the pinned commit, grpo/upstream.py), and build the LLM's text ids as `frontend_zero_shot` + `Qwen2LM.inference`
+(the pinned commit, grpo/upstream/pin.py), and build the LLM's text ids as `frontend_zero_shot` + `Qwen2LM.inference`
 do (prompt text and target text tokenized separately, then concatenated: BPE never merges across the join).
 
 `CosyVoice2.inference_zero_shot` normalises the two texts differently: the prompt text with `split=False`, the

@@ -217,12 +217,13 @@ def load_wav_16k(path: str | Path) -> torch.Tensor:
 
 def cosyvoice_frontend(model_dir: str | Path):
     """CosyVoice's own frontend (speech tokenizer, speaker encoder, mel) for real prompt clips, as `CosyVoice2` /
-    `CosyVoice3` build it (cosyvoice/cli/cosyvoice.py); it reads the clips itself (grpo.shims.torchaudio_load)."""
+    `CosyVoice3` build it (cosyvoice/cli/cosyvoice.py); it reads the clips itself
+    (grpo.upstream.shims.torchaudio_load)."""
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
 
-    from grpo.shims import torchaudio_load
     from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
     from grpo.speech.family import family_of_dir
+    from grpo.upstream.shims import torchaudio_load
 
     torchaudio_load()
     model_dir = Path(model_dir)

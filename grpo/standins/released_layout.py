@@ -61,7 +61,7 @@ def cosyvoice3_yaml(sizes: DictConfig) -> str:
     from omegaconf import OmegaConf
     from ruamel.yaml import YAML
 
-    from grpo.upstream import config_file
+    from grpo.upstream.pin import config_file
 
     text = config_file("examples/libritts/cosyvoice3/conf/cosyvoice3.yaml").read_text(encoding="utf-8")
     yaml = YAML()

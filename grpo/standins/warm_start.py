@@ -91,9 +91,9 @@ def warm_start(model_dir: str | Path, codebook, texts: list[tuple[str, str]], st
                lr: float, seed: int, alphabet: list[tuple[str, str]] | None = None, **options) -> dict:
     """Train llm.pt in place; returns the last loss and token accuracy. Random strings are drawn from the
     Chinese characters of `alphabet` (texts whose characters the codebook speaks; default `texts`)."""
-    from grpo.shims import qwen2lm_any_width
     from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
     from grpo.speech.family import family_of_dir
+    from grpo.upstream.shims import qwen2lm_any_width
 
     model_dir = Path(model_dir)
     torch.manual_seed(seed)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 from omegaconf import DictConfig
 
 
 def run(cfg: DictConfig) -> int:
+    from grpo.train.reward_fn import client_config
+
+    try:
+        client_config(cfg)              # a misspelled reward.client key: one line before any engine starts
+    except ValueError as exc:
+        logging.getLogger(__name__).error("train stage stopped: %s", exc)
+        return 1
     if cfg.train.engine == "local":
         from grpo.train.local_engine import LocalGRPOTrainer
 

@@ -20,10 +20,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from grpo.decoding import length_bounds, rollout_correction, text_token_count
-from grpo.device import resolve as resolve_device
+from grpo.decoding import length_bounds, request_seed, rollout_correction, text_token_count
 from grpo.layout import TrainDir
 from grpo.model.speech_vocab import SpeechVocab
+from grpo.node.device import resolve as resolve_device
 from grpo.train import local_checkpoint as checkpoint
 from grpo.train.grpo_step import (
     actor_config,
@@ -34,6 +34,7 @@ from grpo.train.grpo_step import (
     grpo_advantages,
     log_probs,
     policy_loss,
+    require_finite,
     rollout_is_weights,
 )
 from grpo.train.metrics_log import VERL_METRICS, MetricsLogger, component_means, plot_curves
@@ -41,10 +42,6 @@ from grpo.train.reward_fn import compute_score, reward_kwargs
 from grpo.train.rollout import SamplingConfig, TransformersRollout, VLLMRollout
 
 log = logging.getLogger(__name__)
-
-
-def request_seed(seed: int, step: int, index: int) -> int:
-    return int.from_bytes(hashlib.sha1(f"{seed}:{step}:{index}".encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 def load_records(path: str | Path) -> list[dict]:
@@ -99,7 +96,8 @@ class LocalGRPOTrainer:
         if t.rollout.backend == "vllm":   # processed log-probs: pi_rollout after the RAS processor / top-k
             self.rollout = VLLMRollout(model_dir, self.vocab, t.rollout.dtype, t.rollout.gpu_memory_utilization,
                                        t.rollout.enforce_eager, t.max_prompt_tokens + t.max_response_tokens, cfg.seed,
-                                       t.rollout.cpu_kv_cache_gib, logprobs_mode="processed_logprobs")
+                                       t.rollout.cpu_kv_cache_gib, decodings=(t.decoding,),
+                                       logprobs_mode="processed_logprobs")
         elif t.rollout.backend == "transformers":
             self.rollout = TransformersRollout(self.model, self.vocab, self.tokenizer.pad_token_id)
         else:
@@ -210,6 +208,9 @@ class LocalGRPOTrainer:
             multi = t.ppo_epochs > 1 or mb_groups < len(groups)
             # on-policy, one pass: the ratio is exactly 1; off-policy decoding: pi_old anchors (decoupled mode)
             old_logp = self._logp(self.model, batch) if multi or self.correction else None
+        for name, logp in (("rollout", batch.rollout_logp), ("old", old_logp), ("reference", ref_logp)):
+            if logp is not None:
+                require_finite(name, logp, batch.response_mask, t.rollout.dtype)
         weights, corr_metrics = (rollout_is_weights(old_logp, batch, self.correction) if self.correction
                                  else (None, {}))
         agg: dict[str, list] = {}
@@ -221,6 +222,8 @@ class LocalGRPOTrainer:
                                       None if old_logp is None else old_logp[rows],
                                       None if ref_logp is None else ref_logp[rows], self.actor_cfg,
                                       self.allowed, None if weights is None else weights[rows])
+                if not torch.isfinite(loss):       # the current policy's own log-probs (or what follows them)
+                    require_finite("current policy", loss.detach().reshape(1), None, t.rollout.dtype)
                 self.optim.zero_grad(set_to_none=True)
                 loss.backward()
                 m["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip).item()

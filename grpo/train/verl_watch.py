@@ -45,7 +45,8 @@ def new_failure(failures: Path, offset: int) -> str | None:
 
 def watch(proc: subprocess.Popen, failures: Path, timeout_s: float, failures_from: int = 0) -> int:
     """main_ppo's exit code; 124 past `timeout_s`; 1 as soon as a reward failed (reward.on_failure=raise:
-    verl's agent loop would catch the error and drop the sample's group without a word)."""
+    verl's agent loop would catch the error and drop the sample's group without a word) or a rollout's log-probs
+    were not finite (grpo/train/verl_agent_loop.py)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -54,8 +55,9 @@ def watch(proc: subprocess.Popen, failures: Path, timeout_s: float, failures_fro
             pass
         first = new_failure(failures, failures_from)
         if first:
-            log.error("a reward failed after the client's retries (%s): stopping main_ppo (reward.on_failure=raise; "
-                      "verl would drop the failed group silently). All failures: %s", first, failures)
+            log.error("a sample failed (a reward after the client's retries, or non-finite rollout log-probs: %s): "
+                      "stopping main_ppo (reward.on_failure=raise; verl would drop a failed reward's group silently). "
+                      "All failures: %s", first, failures)
             return 1
         if time.monotonic() > deadline:
             log.error("main_ppo did not finish within train.verl.timeout_s=%s s (a stuck worker?): killing it and "

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from grpo.evaluate import evaluator as evaluate
+from grpo.evaluate import stage as eval_stage
 from grpo.layout import EvalDir
 
 pytestmark = pytest.mark.vllm
@@ -35,7 +36,7 @@ def test_synthetic_speaker_model_scores_the_rewards_sim(tiny_cfg, tmp_path, monk
     out = tmp_path / "eval"
     cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.speaker_model=synthetic", "eval.max_items=3",
                    "eval.num_samples=2")
-    assert evaluate.run(cfg) == 0
+    assert eval_stage.run(cfg) == 0
     items = [json.loads(line) for line in Path(cfg.eval.data_path).read_text().splitlines()[:3]]
     seed = json.loads(Path(cfg.reward.codebook.path).read_text())["seed"]
     sims = [synthetic_sim_by_hand(list(range(10 * i + j, 10 * i + j + 5)), it["id"], seed,
@@ -52,14 +53,14 @@ def test_extra_sets_are_scored_into_their_own_folder(tiny_cfg, tmp_path, monkeyp
     extra = "[{name: seen, data_path: data/zero_shot_tiny_seen.jsonl, max_items: 2}]"
     cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=3", "eval.num_samples=1",
                    f"eval.extra_sets={extra}")
-    assert evaluate.run(cfg) == 0
+    assert eval_stage.run(cfg) == 0
     held_out, seen = (json.loads(EvalDir(d).report_json.read_text())["base"] for d in (out, out / "seen"))
     assert (held_out["items"], seen["items"]) == (3, 2)       # each set with its own keys over eval.*
     seen_ids = [line.split("\t")[0] for line in (EvalDir(out).extra("seen").tsv("base")).read_text().splitlines()[1:]]
     shipped = Path("data/zero_shot_tiny_seen.jsonl").read_text().splitlines()
     assert seen_ids == [json.loads(line)["id"] for line in shipped[:2]]
     with pytest.raises(ValueError, match="eval.extra_sets"):
-        evaluate.run(tiny_cfg(f"eval.out_dir={out}", "eval.extra_sets=[{name: x}]"))
+        eval_stage.run(tiny_cfg(f"eval.out_dir={out}", "eval.extra_sets=[{name: x}]"))
 
 
 def test_shards_cover_every_item_once_by_hand():
@@ -76,7 +77,7 @@ def evaluate_base(tiny_cfg, out, *overrides, items=4, samples=2):
     """Stage 4 on the base model alone, eval.max_items items x eval.num_samples samples, into `out`."""
     cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", f"eval.max_items={items}",
                    f"eval.num_samples={samples}", *overrides)
-    assert evaluate.run(cfg) == 0
+    assert eval_stage.run(cfg) == 0
     return cfg
 
 

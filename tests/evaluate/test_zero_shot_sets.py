@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from grpo.evaluate.test_sets import load_set
+from grpo.data.test_sets import load_set
 
 
 def test_cv3_eval_layout(tmp_path):
@@ -64,9 +64,9 @@ def test_the_tiny_held_out_set_is_new_to_the_warm_start_and_to_grpo(tiny_cfg):
     import random
 
     from grpo.config import load_config
-    from grpo.model.prepare import codebook_texts
     from grpo.speech.codebook import Codebook
     from grpo.speech.cosyvoice_dir import load_cosyvoice_yaml
+    from grpo.standins.tiny import codebook_texts
     from grpo.standins.warm_start import DEFAULTS, chinese_characters, example_options, make_example
 
     cfg = load_config([])          # the tiny profile as `bash run.sh` runs it

@@ -1,4 +1,5 @@
-"""reward.gpus: the reward server on the node's last GPUs, training and evaluation on the rest (grpo/gpu_layout.py).
+"""reward.gpus: the reward server on the node's last GPUs, training and evaluation on the rest
+(grpo/node/gpu_layout.py).
 No GPU here: the layout is checked where it is decided -- CUDA_VISIBLE_DEVICES per stage, the reward's local Ray
 resources, verl's GPU count as CUDA would report it for the restricted list -- and a bad layout on the command line."""
 
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from grpo.config import REPO_ROOT, load_config
-from grpo.gpu_layout import LayoutError, apply, split
+from grpo.node.gpu_layout import LayoutError, apply, split
 
 EIGHT = ",".join(str(i) for i in range(8))
 

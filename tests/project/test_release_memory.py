@@ -1,4 +1,4 @@
-"""grpo.memory.release_freed_memory (the reward replica after loading and after each batch, vLLM after each weight
+"""grpo.node.memory.release_freed_memory (the reward replica after loading and after each batch, vLLM after each weight
 load): in a fresh process, 400 MB freed between live blocks stays resident until the call, and leaves with it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from grpo.config import REPO_ROOT
 
 PROBE = """
 import numpy as np
-from grpo.memory import release_freed_memory
+from grpo.node.memory import release_freed_memory
 def rss_mb():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
 blocks, live = [], []

@@ -1,4 +1,4 @@
-"""Where CosyVoice's code comes from (grpo/upstream.py): the pinned files, checked before use; a checkout named by
+"""Where CosyVoice's code comes from (grpo/upstream/pin.py): the pinned files, checked before use; a checkout named by
 COSYVOICE_DIR, or one cloned at the pinned commit from a git remote (here a local one: no machine here reaches
 GitHub); one line naming the setting when it is wrong or unreachable."""
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo import upstream
 from grpo.config import REPO_ROOT
+from grpo.upstream import pin as upstream
+from grpo.upstream.guards import ShimOutdated
 
 ROOT = REPO_ROOT
 
@@ -166,7 +167,7 @@ def test_upstreams_load_wav_reads_a_prompt_clip_through_the_shim(tmp_path, monke
     import torchaudio
     from cosyvoice.utils.file_utils import load_wav
 
-    from grpo import shims
+    from grpo.upstream import shims
 
     wav = (0.3 * np.sin(np.linspace(0, 600, 24000))).astype(np.float32)
     sf.write(tmp_path / "clip.wav", np.stack([wav, 0.5 * wav], 1), 24000, subtype="PCM_16")
@@ -177,7 +178,7 @@ def test_upstreams_load_wav_reads_a_prompt_clip_through_the_shim(tmp_path, monke
     torch.testing.assert_close(load_wav(str(tmp_path / "clip.wav"), 16000),
                                torchaudio.transforms.Resample(24000, 16000)(mono), rtol=0, atol=0)
     monkeypatch.setattr(shims, "TORCHAUDIO_LOAD_LINE", "torchaudio.load(wav)")
-    with pytest.raises(shims.UpstreamShimOutdated, match="torchaudio_load"):
+    with pytest.raises(ShimOutdated, match="torchaudio_load"):
         shims.torchaudio_load()
 
 
@@ -189,7 +190,7 @@ def test_upstreams_training_forward_runs_at_any_width_through_the_shim(monkeypat
     from cosyvoice.utils.common import ras_sampling
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo import shims
+    from grpo.upstream import shims
 
     torch.manual_seed(0)
     S, H = 50, 64
@@ -211,5 +212,5 @@ def test_upstreams_training_forward_runs_at_any_width_through_the_shim(monkeypat
     target = torch.tensor([1, 2, 3, 4, S])
     torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits, target), rtol=1e-5, atol=1e-6)
     monkeypatch.setattr(shims, "INSTRUCT_WIDTH_LINE", "torch.empty(0, 1024)")
-    with pytest.raises(shims.UpstreamShimOutdated, match="qwen2lm_any_width"):
+    with pytest.raises(ShimOutdated, match="qwen2lm_any_width"):
         shims.qwen2lm_any_width(llm)

@@ -378,8 +378,8 @@ def test_a_burst_through_the_client_reaches_every_replica(tiny_exp, codebook, tm
     from grpo.train.reward_fn import reward_kwargs
 
     kwargs = reward_kwargs(load_config([f"exp_dir={tiny_exp}", "reward.max_batch_size=32", "reward.num_replicas=2"]))
-    client = RewardClient(ClientConfig(server.url, max_items_per_request=kwargs["max_items_per_request"],
-                                       max_concurrency=kwargs["max_concurrency"]))
+    client = RewardClient(ClientConfig(server.url, max_items_per_request=kwargs["client"]["max_items_per_request"],
+                                       max_concurrency=kwargs["client"]["max_concurrency"]))
     deadline, seen = time.monotonic() + 60, set()
     while len(seen) < 2:
         assert time.monotonic() < deadline, f"the proxy routes to {seen} only"

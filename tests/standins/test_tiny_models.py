@@ -150,10 +150,10 @@ def test_the_warm_start_is_reused_from_the_cache_by_build_stamp(tiny_cfg, tmp_pa
     import shutil
 
     from grpo.model import prepare
-    from grpo.standins import warm_start
+    from grpo.standins import tiny, warm_start
 
     cfg = tiny_cfg("model.tiny.warm_start.steps=2", f"model.tiny.cache_dir={tmp_path / 'cache'}")
-    codebook = prepare.build_default_codebook(cfg)
+    codebook = tiny.build_default_codebook(cfg)
     dirs = [tmp_path / name for name in ("a", "b", "c")]
     for d in dirs:
         shutil.copytree(cfg.model.cosyvoice_dir, d)

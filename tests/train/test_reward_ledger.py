@@ -27,7 +27,7 @@ def two_nodes():
 
 def test_a_failure_and_components_on_the_other_node_are_written_on_the_head_node(two_nodes, tmp_path):
     from conftest import free_port
-    from grpo.train import verl_launcher
+    from grpo.train import verl_watch
 
     ray, worker_node = two_nodes
     failures, components = tmp_path / "reward_failures.jsonl", tmp_path / "reward_components.jsonl"
@@ -39,7 +39,7 @@ def test_a_failure_and_components_on_the_other_node_are_written_on_the_head_node
         from grpo.train.reward_fn import compute_score
         from reward_server.client import RewardServerError
 
-        kwargs = {"url": f"http://127.0.0.1:{port}", "retries": 0, "retry_budget_s": 1.0, "timeout_s": 2.0,
+        kwargs = {"client": {"url": f"http://127.0.0.1:{port}", "retries": 0, "retry_budget_s": 1.0, "timeout_s": 2.0},
                   "failure_log": str(failures), "component_log": str(components)}
         # a response without speech: scored without the server, its components logged under its step
         asyncio.run(compute_score("cosyvoice2_tts", "no speech", "今天", {"sample_id": "quiet", "global_steps": 3},
@@ -61,6 +61,6 @@ def test_a_failure_and_components_on_the_other_node_are_written_on_the_head_node
     # the launcher, watching its own node's file, stops the run on that other node's failure
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        assert verl_launcher.watch(sleeper, failures, timeout_s=60) == 1
+        assert verl_watch.watch(sleeper, failures, timeout_s=60) == 1
     finally:
-        verl_launcher.kill_tree(sleeper, str(tmp_path / "no-ray"))
+        verl_watch.kill_tree(sleeper, str(tmp_path / "no-ray"))

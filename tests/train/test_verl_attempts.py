@@ -3,7 +3,7 @@
 import json
 
 from grpo.layout import TrainDir
-from grpo.train import verl_launcher
+from grpo.train import verl_watch
 from grpo.train.metrics_log import metrics_from_verl
 from grpo.train.verl_attempts import latest_components, merged_verl_rows, start_attempt
 
@@ -45,10 +45,10 @@ def test_a_killed_attempt_and_its_resume_give_each_step_once(tmp_path):
         (0, 0, 0.5), (1, 1, 0.3), (2, 1, 0.4)]                         # attempt 0's partial step 2 dropped
     assert len([r for r in kept if r.get("validate")]) == 1
     # the failure of attempt 0 is history: it does not stop attempt 1; a new one does
-    assert verl_launcher.new_failure(failures, second.failures_from) is None
+    assert verl_watch.new_failure(failures, second.failures_from) is None
     with failures.open("a") as f:
         f.write('{"attempt": 1, "id": "b"}\n')
-    assert json.loads(verl_launcher.new_failure(failures, second.failures_from))["id"] == "b"
+    assert json.loads(verl_watch.new_failure(failures, second.failures_from))["id"] == "b"
 
 
 def test_a_fresh_start_clears_the_previous_runs_logs(tmp_path):

@@ -1,28 +1,51 @@
 """The cluster engine's wiring: verl composes our overrides (the CPU ones on this machine), verl's own reward
 manager calls our compute_score, and our agent loop hands vLLM the end-of-speech stop ids."""
 import asyncio
+import dataclasses
 import json
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
 
+from grpo.decoding import RAS_PROCESSOR
 from grpo.layout import TrainDir
 from grpo.model.speech_vocab import SpeechVocab, format_speech_tokens
 from grpo.speech.codebook import Codebook
 from grpo.speech.scoring import reward_from_error_rate, text_to_units, units_error_rate
-from grpo.train import verl_launcher
+from grpo.train import verl_launcher, verl_watch
 
 pytestmark = pytest.mark.verl
 
 
 def composed(cfg, cpu: bool):
+    return verl_launcher.compose_job(verl_launcher.build_overrides(cfg, cpu))
+
+
+def main_ppo_job(cmd: list[str]):
+    """What verl's own entry point composes: `python -m verl.trainer.main_ppo <overrides> --cfg job`."""
+    import subprocess
+
     from omegaconf import OmegaConf
 
-    proc = verl_launcher.compose_check(verl_launcher.command(cfg, cpu=cpu))
+    proc = subprocess.run([*cmd, "--cfg", "job"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return OmegaConf.create(proc.stdout)
+
+
+def test_the_in_process_composition_is_main_ppos_own_job_config(tiny_cfg):
+    """compose_job (the dry run's and these tests' composition) is what main_ppo itself composes, key for key, for
+    a command with every kind of override (CPU platform, RAS, extra overrides, + keys)."""
+    from omegaconf import OmegaConf
+
+    cfg = tiny_cfg("train.engine=verl", "train.decoding=cosyvoice_ras", "train.rollout_is_threshold=2.0",
+                   "train.verl.extra_overrides=['actor_rollout_ref.actor.fsdp_config.model_dtype=bf16']")
+    cmd = verl_launcher.command(cfg, cpu=True)
+    ours = OmegaConf.to_container(verl_launcher.compose_job(cmd[3:]))
+    assert ours == OmegaConf.to_container(main_ppo_job(cmd))
+    assert OmegaConf.select(OmegaConf.create(ours), "actor_rollout_ref.actor.fsdp_config.model_dtype") == "bf16"
 
 
 def test_overrides_compose_in_verls_own_config(tiny_cfg):
@@ -45,13 +68,56 @@ def test_overrides_compose_in_verls_own_config(tiny_cfg):
     assert job.trainer.resume_mode == "auto"
     rf = job.reward.custom_reward_function
     assert rf.path.endswith("grpo/train/reward_fn.py") and rf.name == "compute_score"
-    assert rf.reward_kwargs.url == cfg.reward.url and rf.reward_kwargs.auth_token == "tok"
+    assert rf.reward_kwargs.client.url == cfg.reward.url and rf.reward_kwargs.client.auth_token == "tok"
     assert rf.reward_kwargs.failure_log == str(TrainDir(cfg.train.out_dir).reward_failures)
+    # the client's settings travel whole, once: every ClientConfig field, the defaults from ClientConfig itself
+    from reward_server.client import ClientConfig
+
+    assert set(rf.reward_kwargs.client) == {f.name for f in dataclasses.fields(ClientConfig)}
+    assert rf.reward_kwargs.client.max_backoff_s == ClientConfig("u").max_backoff_s    # not in conf/: the default
+
+
+def test_the_reward_client_config_is_built_once_and_checked(tiny_cfg):
+    """reward.client over ClientConfig's defaults; an unknown key (a misspelling) is one line naming it, and
+    compute_score takes no keyword it does not know."""
+    import inspect
+
+    from grpo.train.reward_fn import client_config, compute_score, reward_kwargs
+
+    built = client_config(tiny_cfg("reward.client.retries=3", "reward.num_replicas=2"))
+    assert built["retries"] == 3 and built["max_concurrency"] == 8             # 4 requests per replica, by hand
+    with pytest.raises(ValueError, match=r"^reward.client.timeout: unknown key \(reward.client takes timeout_s"):
+        client_config(tiny_cfg("+reward.client.timeout=5"))
+    from grpo.train import launch
+
+    assert launch.run(tiny_cfg("+reward.client.timeout=5")) == 1           # stage 2 stops before any engine
+    params = inspect.signature(compute_score).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())           # a misspelled kwarg is a TypeError
+    assert set(reward_kwargs(tiny_cfg())) <= set(params)
+
+
+def test_every_copied_key_reaches_main_ppo_as_set(tiny_cfg):
+    """The key table (grpo/train/verl_keys.py): each config key it names exists, and main_ppo's own composed job
+    holds its value under the verl key (values set here to differ from verl's defaults where they can)."""
+    from omegaconf import OmegaConf
+
+    from grpo.train.verl_keys import VERL_FIXED, VERL_FROM_CONFIG
+
+    cfg = tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=1", "train.lr=3e-6", "train.kl_loss_coef=0.02",
+                   "train.top_k=7", "seed=99", "train.save_freq=3")
+    job = composed(cfg, cpu=False)
+    for verl_key, ours in VERL_FROM_CONFIG.items():
+        assert OmegaConf.select(cfg, ours, default="<missing>") != "<missing>", ours
+        assert OmegaConf.select(job, verl_key) == OmegaConf.select(cfg, ours), (verl_key, ours)
+    assert all(OmegaConf.select(job, k) == v for k, v in VERL_FIXED.items())
 
 
 def test_unknown_key_fails_composition(tiny_cfg):
     cfg = tiny_cfg("train.engine=verl", "train.verl.extra_overrides=['actor_rollout_ref.rollout.no_such_key=1']")
-    assert verl_launcher.compose_check(verl_launcher.command(cfg)).returncode != 0
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="no_such_key"):
+        composed(cfg, cpu=True)
 
 
 def test_exclude_on_failure_is_refused_for_verl(tiny_cfg):
@@ -111,13 +177,14 @@ def test_no_speech_and_server_failure_are_never_a_silent_zero(tmp_path):
 
     url = f"http://127.0.0.1:{free_port()}"
     log = tmp_path / "failures.jsonl"
-    no_speech = asyncio.run(compute_score("d", "", "你好", {}, url=url, no_speech_reward=-1.0, failure_log=str(log)))
+    client = {"url": url, "retries": 1, "backoff_s": 0.01}
+    no_speech = asyncio.run(compute_score("d", "", "你好", {}, client=client, no_speech_reward=-1.0,
+                                          failure_log=str(log)))
     assert no_speech["score"] == -1.0 and no_speech["no_speech"] == 1 and not log.exists()
     with pytest.raises(RewardServerError):
-        asyncio.run(compute_score("d", "<|s_1|>", "你好", {"sample_id": "a"}, url=url, retries=1, backoff_s=0.01,
-                                  failure_log=str(log)))
-    excluded = asyncio.run(compute_score("d", "<|s_1|>", "你好", {"sample_id": "b"}, url=url, retries=1,
-                                         backoff_s=0.01, on_failure="exclude", failure_log=str(log)))
+        asyncio.run(compute_score("d", "<|s_1|>", "你好", {"sample_id": "a"}, client=client, failure_log=str(log)))
+    excluded = asyncio.run(compute_score("d", "<|s_1|>", "你好", {"sample_id": "b"}, client=client,
+                                         on_failure="exclude", failure_log=str(log)))
     assert excluded["reward_failed"] == 1
     # every failure is on record for the verl launcher, which stops main_ppo on it (verl would drop the group)
     assert [json.loads(line)["id"] for line in log.read_text().splitlines()] == ["a", "b"]
@@ -173,7 +240,7 @@ def test_agent_loop_bounds_each_item_and_validates_with_the_evaluations_decoding
 
     cfg = tiny_cfg("train.engine=verl", "train.min_token_text_ratio=2", "train.max_token_text_ratio=5",
                    "train.max_response_tokens=64", "eval.decoding=cosyvoice_ras", "eval.min_token_text_ratio=1",
-                   "eval.max_token_text_ratio=3")
+                   "eval.max_token_text_ratio=3", "train.test_freq=5")
     config = verl_config(verl_launcher.build_overrides(cfg))
     assert list(config.actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors) == \
         ["grpo.model.ras_logits:CosyVoiceRAS"]
@@ -230,6 +297,55 @@ def test_ras_training_is_corrected_by_verls_decoupled_token_is(tiny_cfg):
     assert params["extra_args"]["cosyvoice_ras"]["min_tokens"] == 2 * n and params["max_tokens"] == 5 * n
     assert (params["temperature"], params["top_k"], params["top_p"], params["min_tokens"]) == (1, -1, 1, 0)
     assert params["logprobs"] is True        # verl still asks for pi_rollout
+
+
+def test_plain_decoding_registers_no_ras_and_a_ras_request_without_it_stops(tiny_cfg):
+    """Plain training without validation starts verl's vLLM servers with no custom logits processor (one makes vLLM
+    keep every request's output ids on the host each step); RAS is registered for RAS training, or for validation
+    when it runs; a RAS request reaching servers without the processor stops instead of sampling plainly."""
+    plain = tiny_cfg("train.engine=verl", "eval.decoding=cosyvoice_ras")                 # test_freq -1: no validation
+    config = verl_config(verl_launcher.build_overrides(plain))
+    assert not (config.actor_rollout_ref.rollout.engine_kwargs.get("vllm") or {}).get("logits_processors")
+    for extra in ("train.decoding=cosyvoice_ras", "train.test_freq=5"):
+        ras = verl_config(verl_launcher.build_overrides(tiny_cfg("train.engine=verl", "eval.decoding=cosyvoice_ras",
+                                                                 extra)))
+        assert list(ras.actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors) == [RAS_PROCESSOR], extra
+    loop, calls = recording_agent_loop(plain, config)
+    text = "今天天气很好。"
+    loop.loop.run_until_complete(loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": text}],
+                                          extra_info={"text": text, "split": "train"}))
+    with pytest.raises(ValueError, match="without the RAS processor"):
+        loop.loop.run_until_complete(loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": text}],
+                                              extra_info={"text": text, "split": "val"}))
+    assert len(calls) == 1
+
+
+def test_non_finite_rollout_log_probs_stop_the_run_in_one_line(tiny_cfg, tmp_path):
+    """A vLLM server answering with a NaN log-prob (vllm-omni#4168: CosyVoice3 in bf16): the agent loop writes one
+    line to the failure log the launcher watches (verl_watch stops main_ppo on it) and the request raises."""
+    from verl.workers.rollout.replica import TokenOutput
+
+    from grpo.layout import TrainDir
+
+    cfg = tiny_cfg("train.engine=verl", f"train.out_dir={tmp_path}")
+    loop, _ = recording_agent_loop(cfg, verl_config(verl_launcher.build_overrides(cfg)))
+    vocab = SpeechVocab.load(cfg.model.hf_dir)
+
+    class NaNServer:
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            return TokenOutput(token_ids=vocab.to_hf_ids([5, 6]) + [vocab.stop_token_ids[0]],
+                               log_probs=[-1.0, float("nan"), -0.5])
+
+    loop.server_manager = NaNServer()
+    text = "今天天气很好。"
+    with pytest.raises(ValueError) as err:
+        loop.loop.run_until_complete(loop.run({"temperature": 1.0, "logprobs": True},
+                                              raw_prompt=[{"role": "user", "content": text}],
+                                              extra_info={"text": text, "split": "train", "sample_id": "s1"}))
+    assert str(err.value).startswith("rollout log-probs are NaN or inf at 1 of 3 response tokens")
+    failures = TrainDir(str(tmp_path)).reward_failures.read_text().splitlines()
+    assert len(failures) == 1 and '"id": "s1"' in failures[0] and "NonFiniteLogProbs" in failures[0]
+    assert verl_watch.new_failure(TrainDir(str(tmp_path)).reward_failures, 0) == failures[0]
 
 
 def recording_agent_loop(cfg, config):
@@ -362,7 +478,9 @@ def test_several_nodes_join_ray_address_with_the_cpu_environment_carried_to_the_
     job = composed(cfg, cpu=True)
     ray_init = OmegaConf.to_container(job.ray_kwargs.ray_init)
     assert "address" not in ray_init and "num_gpus" not in ray_init          # ray.init reads RAY_ADDRESS
-    assert ray_init["runtime_env"]["env_vars"] == CPU_PROCESS_ENV
+    # ... and each of the two nodes (here: one machine's) half of its cores as torch threads
+    threads = str(max(1, os.cpu_count() // 2))
+    assert ray_init["runtime_env"]["env_vars"] == {**CPU_PROCESS_ENV, "OMP_NUM_THREADS": threads}
     assert (job.trainer.nnodes, job.trainer.n_gpus_per_node, job.reward.num_workers,
             job.actor_rollout_ref.rollout.agent.num_workers) == (2, 1, 2, 2)
 
@@ -386,6 +504,7 @@ def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkey
     assert verl_launcher.run(cfg) == 0
     env = started["env"]
     assert {k: env.get(k) for k in CPU_PROCESS_ENV} == CPU_PROCESS_ENV
+    assert env["OMP_NUM_THREADS"] == str(os.cpu_count())      # Ray would give each worker one thread (one core)
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "verl_metrics.attempt0.jsonl")   # a fresh start
     assert started["cmd"][1:3] == ["-m", "verl.trainer.main_ppo"] and "trainer.device=cpu" in started["cmd"]
 
@@ -411,10 +530,8 @@ def test_verls_vllm_server_command_line_loads_the_ras_processor(tiny_cfg):
 
     from verl.utils.config import omega_conf_to_dataclass
 
-    from grpo.decoding import RAS_PROCESSOR
-
-    rollout = omega_conf_to_dataclass(verl_config(verl_launcher.build_overrides(tiny_cfg("train.engine=verl")))
-                                      .actor_rollout_ref.rollout)
+    cfg = tiny_cfg("train.engine=verl", "train.decoding=cosyvoice_ras")
+    rollout = omega_conf_to_dataclass(verl_config(verl_launcher.build_overrides(cfg)).actor_rollout_ref.rollout)
     proc = subprocess.run([sys.executable, "-c", SERVER_ARGS, json.dumps(dict(rollout.engine_kwargs["vllm"]))],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,12 +1,13 @@
 """Workarounds for upstream code at its pinned version, one function each. Every shim names the upstream file and
-line it works around and fails loudly (UpstreamShimOutdated) when that line or the pinned version changes.
+line it works around and fails loudly (grpo.upstream.guards.ShimOutdated) when that line or the pinned version
+changes.
 
 - `torchaudio_load`: CosyVoice ace7c47, `cosyvoice/utils/file_utils.py`, `load_wav`:
   `speech, sample_rate = torchaudio.load(wav, backend='soundfile')`. Since torchaudio 2.9 (2.11 is pinned in both
   locks), `torchaudio.load` decodes only through TorchCodec, which needs FFmpeg's shared libraries and a build per
-  torch version; neither the CPU venv nor the GPU image has it, so upstream's frontend could not read a prompt
-  wav. Where TorchCodec is missing, `torchaudio.load` reads with soundfile instead, as torchaudio's own soundfile
-  backend did before 2.9 (float32 in [-1, 1], channels first); upstream's resampling that follows is untouched.
+  torch version. One decoder on every machine: `torchaudio.load` reads with soundfile (libsndfile), as
+  torchaudio's own soundfile backend did before 2.9 (float32 in [-1, 1], channels first), whether TorchCodec is
+  installed or not (setup and the GPU image both remove it); upstream's resampling that follows is untouched.
 - `qwen2lm_any_width`: CosyVoice ace7c47, `cosyvoice/llm/llm.py`, `Qwen2LM.prepare_lm_input_target`:
   `instruct_token_emb = [torch.empty(0, 896).to(text_token_emb[0])] * len(text_token)` -- the empty instruction
   of a CosyVoice2 training example is 896 wide (the released LLM's width), so upstream's training forward fails
@@ -16,16 +17,13 @@ line it works around and fails loudly (UpstreamShimOutdated) when that line or t
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
+
+from grpo.upstream.guards import ShimOutdated
 
 TORCHAUDIO_LOAD_LINE = "torchaudio.load(wav, backend='soundfile')"
 TORCHAUDIO_PINNED = "2.11"
 INSTRUCT_WIDTH_LINE = "instruct_token_emb = [torch.empty(0, 896).to(text_token_emb[0])] * len(text_token)"
-
-
-class UpstreamShimOutdated(RuntimeError):
-    """The line a shim works around changed: re-check grpo/shims.py."""
 
 
 def _soundfile_load(uri, frame_offset: int = 0, num_frames: int = -1, normalize: bool = True,
@@ -39,18 +37,17 @@ def _soundfile_load(uri, frame_offset: int = 0, num_frames: int = -1, normalize:
 
 
 def torchaudio_load() -> None:
-    """Make upstream's `load_wav` readable without TorchCodec (a no-op where TorchCodec is installed)."""
+    """Make upstream's `load_wav` decode with soundfile, the one audio decoder of the CPU venv and the GPU image."""
     import torchaudio
     from cosyvoice.utils import file_utils
 
     if TORCHAUDIO_LOAD_LINE not in inspect.getsource(file_utils.load_wav) or \
             not torchaudio.__version__.startswith(TORCHAUDIO_PINNED + "."):
-        raise UpstreamShimOutdated(
-            f"grpo/shims.py torchaudio_load: shimmed for torchaudio {TORCHAUDIO_PINNED} and "
+        raise ShimOutdated(
+            f"grpo/upstream/shims.py torchaudio_load: shimmed for torchaudio {TORCHAUDIO_PINNED} and "
             f"cosyvoice/utils/file_utils.py's {TORCHAUDIO_LOAD_LINE!r}; found torchaudio {torchaudio.__version__} and "
             f"a load_wav {'with' if TORCHAUDIO_LOAD_LINE in inspect.getsource(file_utils.load_wav) else 'without'} it")
-    if importlib.util.find_spec("torchcodec") is None:
-        torchaudio.load = _soundfile_load
+    torchaudio.load = _soundfile_load
 
 
 def qwen2lm_any_width(llm) -> None:
@@ -58,7 +55,7 @@ def qwen2lm_any_width(llm) -> None:
     from cosyvoice.llm.llm import Qwen2LM
 
     if INSTRUCT_WIDTH_LINE not in inspect.getsource(Qwen2LM.prepare_lm_input_target):
-        raise UpstreamShimOutdated(f"grpo/shims.py qwen2lm_any_width: cosyvoice/llm/llm.py's "
+        raise ShimOutdated(f"grpo/upstream/shims.py qwen2lm_any_width: cosyvoice/llm/llm.py's "
                                    f"Qwen2LM.prepare_lm_input_target no longer contains {INSTRUCT_WIDTH_LINE!r}")
     if llm.llm_input_size == 896:
         return

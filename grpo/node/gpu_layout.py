@@ -28,7 +28,7 @@ def node_gpus(environ: dict | None = None) -> list[str]:
     visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()]
-    from grpo.device import query_gpus
+    from grpo.node.device import query_gpus
 
     return query_gpus("index")
 

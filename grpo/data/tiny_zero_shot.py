@@ -10,7 +10,7 @@ Prompts are short training sentences with their canonical codebook tokens. The t
 speech prompt, so the tiny profile evaluates with CosyVoice's cross-lingual input (`eval.llm_prompt=false`:
 the prompt conditions token2wav only). See docs/tiny-profile.md.
 
-    python -m grpo.evaluate.tiny_zero_shot            # rewrites both files
+    python -m grpo.data.tiny_zero_shot            # rewrites both files
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import random
 from pathlib import Path
 
 from grpo.config import REPO_ROOT, load_config
-from grpo.model.prepare import build_default_codebook
 from grpo.speech.scoring import text_to_units
+from grpo.standins.tiny import build_default_codebook
 
 HELD_OUT = REPO_ROOT / "data" / "zero_shot_tiny.jsonl"
 SEEN = REPO_ROOT / "data" / "zero_shot_tiny_seen.jsonl"

@@ -5,7 +5,7 @@ import sys
 
 REQUIRED = [
     "torch", "transformers", "verl.trainer.ppo.core_algos", "vllm", "ray.serve", "funasr",
-    # upstream CosyVoice at the pinned commit (grpo/upstream.py): both families' LM, flow, HiFT and entry classes
+    # upstream CosyVoice at the pinned commit (grpo/upstream/pin.py): both families' LM, flow, HiFT and entry classes
     "cosyvoice.llm.llm", "cosyvoice.flow.flow", "cosyvoice.flow.DiT.dit", "cosyvoice.hifigan.generator",
     "cosyvoice.cli.cosyvoice", "cosyvoice.cli.model", "hyperpyyaml",
     "wetext", "pypinyin", "jiwer", "datasets", "hydra", "httpx", "sentencepiece", "torchaudio",
@@ -20,8 +20,32 @@ REQUIRED = [
 ]
 
 
+def check_load_wav() -> str | None:
+    """Decode a real recording (an AISHELL clip s3tokenizer ships) through upstream's `load_wav`, as the frontend
+    reads every prompt clip: the samples must be soundfile's (grpo/upstream/shims.py), on the CPU venv and the GPU
+    image."""
+    from pathlib import Path
+
+    import s3tokenizer
+    import soundfile as sf
+    import torch
+    from cosyvoice.utils.file_utils import load_wav
+
+    from grpo.upstream.shims import torchaudio_load
+
+    wav = sorted((Path(s3tokenizer.__file__).parent / "assets").glob("*.wav"))[0]
+    torchaudio_load()
+    expected, rate = sf.read(wav, dtype="float32", always_2d=True)
+    got = load_wav(str(wav), rate)
+    want = torch.from_numpy(expected.mean(1, dtype="float32"))[None]
+    if got.shape != want.shape or not torch.equal(got, want):
+        return f"upstream's load_wav decoded {wav.name} to {tuple(got.shape)} samples unlike soundfile's " \
+               f"{tuple(want.shape)}: the audio decoder is not the one grpo/upstream/shims.py sets"
+    return None
+
+
 def main() -> int:
-    from grpo.upstream import UpstreamError, check_imported
+    from grpo.upstream.pin import UpstreamError, check_imported
 
     try:
         check_imported()
@@ -36,6 +60,10 @@ def main() -> int:
             failed.append(f"{name}: {type(exc).__name__}: {exc}")
     if failed:
         print("[envcheck] these imports failed:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
+    problem = check_load_wav()
+    if problem:
+        print(f"[envcheck] {problem}", file=sys.stderr)
         return 1
     import torch
     import transformers

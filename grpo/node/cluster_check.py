@@ -12,21 +12,6 @@ carried to every node: main_ppo's config (with the `grpo_decoding` node) and the
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
-from omegaconf import DictConfig
-
-from grpo.config import REPO_ROOT
-
-
-def required_paths(cfg: DictConfig) -> list[str]:
-    """What verl's workers open on their node: the converted model, the train/val parquet, the agent-loop
-    config and the reward function."""
-    from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG
-
-    data = Path(cfg.data.out_dir)
-    return [str(Path(cfg.model.hf_dir) / "config.json"), str(data / "train.parquet"), str(data / "val.parquet"),
-            str(AGENT_LOOP_CONFIG), str(REPO_ROOT / "grpo" / "train" / "reward_fn.py")]
 
 
 def missing_on_this_node(paths: list[str]) -> tuple[str, str, list[str]]:

@@ -3,7 +3,7 @@
 Input lines: {"text": str, "language": "zh"|"en" (optional), "id": str|int (optional)}.
 Every bad line of every file is reported with file and line number; on any problem nothing is
 written (each parquet goes to a temporary file and is renamed only when all files are good). data.sources are
-fetched first (grpo/sources.py); training lines that are targets of an evaluation set follow data.eval_overlap.
+fetched first (grpo/data/sources.py); training lines that are targets of an evaluation set follow data.eval_overlap.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def eval_targets(eval_cfg: DictConfig) -> dict[str, set[str]]:
     """The target texts (overlap keys) of eval.data_path and every eval.extra_sets entry that exists yet."""
     from omegaconf import OmegaConf
 
-    from grpo.evaluate.test_sets import extra_sets, load_set
+    from grpo.data.test_sets import extra_sets, load_set
 
     sets = [("eval", eval_cfg)] + [(name, OmegaConf.merge(eval_cfg, keys)) for name, keys in extra_sets(eval_cfg)]
     out = {}
@@ -260,7 +260,7 @@ def prepare(cfg: DictConfig, min_train_rows: int = 1, max_speech_tokens: int | N
 
 
 def run(cfg: DictConfig) -> int:
-    from grpo.sources import SourceError, fetch
+    from grpo.data.sources import SourceError, fetch
 
     try:
         fetch(cfg)              # data.sources (stage -1 fetched them already: then this touches nothing)

@@ -1,8 +1,10 @@
 """The device a run uses, checked before any stage works (`device` in conf/config.yaml).
 
-`device=cuda` (the GPU profiles): CUDA must be usable, with a driver new enough for the CUDA this torch was built
-for, or the stage stops in one line naming the key and the fix; there is no silent CPU fallback (stage 2 would
-otherwise pick verl's CPU platform and stage 4 would run on the CPU while the reward server was told `cuda`).
+`device=cuda` (the GPU profiles): CUDA must be usable, or the stage stops in one line naming the key and the fix;
+there is no silent CPU fallback (stage 2 would otherwise pick verl's CPU platform and stage 4 would run on the CPU
+while the reward server was told `cuda`). A driver older than the one this torch's CUDA needs is reported only when
+CUDA does not work: on data-centre GPUs CUDA's forward-compatibility libraries (which NVIDIA's CUDA images carry
+under /usr/local/cuda/compat) run a newer CUDA on an older driver, and a working CUDA is never stopped.
 `device=cpu`: never CUDA (the realsize profiles: verl's CPU platform). `device=auto` (tiny): CUDA when usable.
 """
 
@@ -64,6 +66,16 @@ def driver_version() -> tuple[int, ...] | None:
         return None
 
 
+def too_old_driver() -> str | None:
+    """'the NVIDIA driver X is older than CUDA Y (...) needs (Z or newer)' when nvidia-smi reports such a driver."""
+    driver, cuda = driver_version(), torch_cuda()
+    need = MIN_DRIVER.get(int(cuda.split(".")[0])) if cuda and driver else None
+    if need is None or driver >= need:
+        return None
+    have, want = ".".join(map(str, driver)), ".".join(map(str, need))
+    return f"the NVIDIA driver {have} is older than CUDA {cuda} (this torch, the image's CUDA) needs ({want} or newer)"
+
+
 def resolve(cfg: DictConfig) -> str:
     """`cuda` or `cpu` for this run, or DeviceError (one line) when `device` cannot be honoured."""
     wanted = cfg.get("device", "auto")
@@ -72,15 +84,13 @@ def resolve(cfg: DictConfig) -> str:
     if wanted == "cpu":
         return "cpu"
     usable, why = cuda_usable()
-    driver, cuda = driver_version(), torch_cuda()
-    if cuda and driver:
-        need = MIN_DRIVER.get(int(cuda.split(".")[0]))
-        if need and driver < need:
-            have, want = ".".join(map(str, driver)), ".".join(map(str, need))
-            raise DeviceError(f"device={wanted} (profile {cfg.profile.name}): the NVIDIA driver {have} is older than "
-                              f"CUDA {cuda} (this torch, the image's CUDA) needs ({want} or newer): update the driver")
-    if usable:
+    if usable:                              # an older driver through forward compatibility included
         return "cuda"
+    old = too_old_driver()
+    if old:
+        raise DeviceError(f"device={wanted} (profile {cfg.profile.name}): CUDA is not usable and {old}: update the "
+                          "driver, or on a data-centre GPU run with CUDA's forward-compatibility libraries "
+                          "(/usr/local/cuda/compat in the image; docs/gpu.md)")
     if wanted == "cuda":
         raise DeviceError(f"device=cuda (profile {cfg.profile.name}): {why}. Run on a GPU node (docker run --gpus "
                           f"all ...), or set device=cpu to run on the CPU on purpose")

@@ -11,14 +11,12 @@ Each output folder carries a stamp of the spec that made it: a rerun with the sa
 network). Everything is built in temporary folders and renamed into place only when every source succeeded, so a
 failure (no network, wrong id, split or column, unreadable audio) ends in one line naming the key and writes nothing.
 
-Audio datasets load through `datasets.load_dataset(hub id or local folder, config, split=...)`, the audio column
-read as bytes (`Audio(decode=False)`) and decoded with soundfile: datasets 5.x decodes audio with torchcodec, which
-the project does not install. The text source is one file of a dataset repository (`huggingface_hub.hf_hub_download`).
+Where the rows come from (the hub asked once whether it is reachable, `datasets`, Lhotse manifests for a repository
+with a loading script) is grpo/data/readers.py; this module checks the specs, builds the layouts and stamps them.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import shutil
@@ -30,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from grpo.config import resolve_path
+from grpo.data.readers import Hub, SourceError, audio_dataset, decode, first_line, text_file, where_of
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +36,7 @@ FORMAT_VERSION = 1          # bump when an output layout changes
 STAMP = ".source.json"
 
 
-class SourceError(ValueError):
-    """A source that cannot be fetched or read: the message names its config key."""
-
-
-# ---------------------------------------------------------------- loading
+# ---------------------------------------------------------------- specs and checks
 
 
 # what a source spec holds besides hub/path/config/split/revision (a profile or the command line sets the rest)
@@ -55,73 +50,19 @@ DEFAULTS = {
 }
 
 
-def _spec(node) -> dict:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+# keys every source takes: where it is (hub or path, revision; config, split and the `files` patterns of a
+# repository downloaded as files) and, for a Lhotse-layout repository, `cuts` (a glob of its manifests)
+COMMON_KEYS = ("hub", "path", "revision", "config", "split", "files", "cuts")
 
 
-def _where(spec: dict, key: str) -> str:
-    if spec.get("path"):
-        return f"{key}.path={spec['path']}"
-    if not spec.get("hub"):
-        raise SourceError(f"{key}: set `hub` (a dataset id on the Hugging Face hub) or `path` (a local copy)")
-    return f"{key}.hub={spec['hub']}"
-
-
-def text_file(spec: dict, key: str) -> Path:
-    """The text source's JSONL: the local `path`, or `file` of the hub dataset `hub` (cached, resumable)."""
-    where = _where(spec, key)
-    if spec.get("path"):
-        path = resolve_path(spec["path"])
-        if not path.is_file():
-            raise SourceError(f"{where}: file not found")
-        return path
-    from huggingface_hub import hf_hub_download
-
-    if not spec.get("file"):
-        raise SourceError(f"{key}.file: which file of {spec['hub']} to read (e.g. metadata/aishell-3.jsonl)")
-    try:
-        return Path(hf_hub_download(spec["hub"], spec["file"], repo_type="dataset", revision=spec.get("revision")))
-    except Exception as exc:        # noqa: BLE001 - no network, wrong id or file: one line naming the key
-        raise SourceError(f"{where} file={spec['file']}: {_first_line(exc)}") from None
-
-
-def audio_dataset(spec: dict, key: str, columns: dict[str, str], scratch: Path):
-    """The split of an audio dataset (hub id, or a local copy: a folder in the repository's layout, or one written
-    by `Dataset.save_to_disk`), with its audio column as undecoded bytes; `columns` maps roles to column names.
-    A local copy is read through a fresh cache in `scratch`: datasets keys its cache of a local folder by the
-    folder's name, so an edited copy (or another folder of the same name) would be read from a stale cache."""
-    import datasets
-
-    where = _where(spec, key)
-    source = str(resolve_path(spec["path"])) if spec.get("path") else spec["hub"]
-    try:
-        if spec.get("path") and (Path(source) / "state.json").exists():
-            ds = datasets.load_from_disk(source)
-            ds = ds[spec["split"]] if isinstance(ds, datasets.DatasetDict) else ds
-        else:
-            if spec.get("path") and not Path(source).exists():
-                raise FileNotFoundError("folder not found")
-            ds = datasets.load_dataset(source, spec.get("config"), split=spec["split"], revision=spec.get("revision"),
-                                       cache_dir=str(scratch) if spec.get("path") else None)
-    except Exception as exc:        # noqa: BLE001 - no network, wrong id / config / split: one line naming the key
-        raise SourceError(f"{where} config={spec.get('config')} split={spec.get('split')}: "
-                          f"{_first_line(exc)}") from None
-    missing = [f"{key}.{role}={name}" for role, name in columns.items() if name not in ds.column_names]
-    if missing:
-        raise SourceError(f"{where}: no column {', '.join(missing)} (columns: {', '.join(ds.column_names)})")
-    return ds.cast_column(columns["audio"], datasets.Audio(decode=False))
-
-
-def decode(audio: dict, what: str) -> tuple[np.ndarray, int]:
-    """(mono float32 samples, sample rate) of an undecoded Audio value ({bytes, path})."""
-    import soundfile as sf
-
-    try:
-        data, sr = sf.read(io.BytesIO(audio["bytes"]) if audio.get("bytes") else audio["path"], dtype="float32",
-                           always_2d=True)
-    except Exception as exc:        # noqa: BLE001
-        raise SourceError(f"{what}: unreadable audio ({_first_line(exc)})") from None
-    return data.mean(axis=1), sr
+def _spec(node, kind: str, key: str) -> dict:
+    """The source spec over its kind's defaults; a key that no source of the kind reads is a one-line error."""
+    spec = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    allowed = tuple(dict.fromkeys((*COMMON_KEYS, *DEFAULTS[kind], *(("name",) if kind == "eval" else ()))))
+    unknown = [k for k in spec if k not in allowed]
+    if unknown:
+        raise SourceError(f"{key}.{unknown[0]}: unknown key (a {kind} source takes {', '.join(allowed)})")
+    return {**DEFAULTS[kind], **spec}
 
 
 def audio_problem(samples: np.ndarray, sr: int, checks: dict) -> str | None:
@@ -137,9 +78,12 @@ def audio_problem(samples: np.ndarray, sr: int, checks: dict) -> str | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+def _row(ds, i: int, what: str) -> dict:
+    """Row `i` of a split; a Lhotse cut whose audio cannot be found or read is a one-line error."""
+    try:
+        return ds[i]
+    except Exception as exc:        # noqa: BLE001
+        raise SourceError(f"{what}: {first_line(exc)}") from None
 
 
 def _clean(text: str, what: str) -> str:
@@ -168,9 +112,9 @@ def _safe_name(s: str) -> str:
 # ---------------------------------------------------------------- the three kinds
 
 
-def build_text(spec: dict, key: str, out: Path) -> str:
+def build_text(spec: dict, key: str, out: Path, hub: Hub) -> str:
     """train.jsonl = the first `train_lines` lines, val.jsonl = the last `val_lines` (the recipe's head/tail)."""
-    path = text_file(spec, key)
+    path = text_file(spec, key, hub)
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     n_train, n_val = spec["train_lines"], spec["val_lines"]
     if n_train + n_val > len(lines):
@@ -183,7 +127,7 @@ def build_text(spec: dict, key: str, out: Path) -> str:
                 row = json.loads(line)
                 text = row[spec["text_key"]]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise SourceError(f"{key}: {path.name}:{i}: no {spec['text_key']!r} ({_first_line(exc)})") from None
+                raise SourceError(f"{key}: {path.name}:{i}: no {spec['text_key']!r} ({first_line(exc)})") from None
             out_row = {"text": text, "id": str(row.get(spec["id_key"], f"{name}_{i}"))}
             if spec.get("language_key") and row.get(spec["language_key"]):
                 out_row["language"] = row[spec["language_key"]]
@@ -192,20 +136,20 @@ def build_text(spec: dict, key: str, out: Path) -> str:
     return f"{n_train} training and {n_val} validation lines of {len(lines)}"
 
 
-def build_prompts(spec: dict, key: str, out: Path, checks: dict) -> str:
+def build_prompts(spec: dict, key: str, out: Path, checks: dict, hub: Hub) -> str:
     """`speakers` clips chosen by a seeded permutation of the split, skipping clips that fail the audio checks
     (and, with `speaker_column`, more than one clip per speaker)."""
     columns = {"audio": spec["audio"], "text": spec["text"]}
     if spec.get("speaker_column"):
         columns["speaker_column"] = spec["speaker_column"]
-    ds = audio_dataset(spec, key, columns, _scratch(out))
+    ds = audio_dataset(spec, key, columns, _scratch(out), hub)
     order = np.random.default_rng(spec["seed"]).permutation(len(ds))
     clips, seen, skipped = [], set(), {}
     with tqdm(total=spec["speakers"], desc=f"{key}: prompt clips") as bar:
         for i in order:
             if len(clips) == spec["speakers"]:
                 break
-            row = ds[int(i)]
+            row = _row(ds, int(i), f"{key} row {i}")
             speaker = row[spec["speaker_column"]] if spec["speaker_column"] else None
             if speaker is not None and speaker in seen:
                 continue
@@ -230,12 +174,11 @@ def build_prompts(spec: dict, key: str, out: Path, checks: dict) -> str:
     return f"{len(clips)} prompt clips from {len(ds)} rows"
 
 
-def build_eval(spec: dict, key: str, out: Path, checks: dict) -> str:
+def build_eval(spec: dict, key: str, out: Path, checks: dict, hub: Hub) -> str:
     """Every item of the split as meta.lst (utt|prompt_text|prompt_wav|target_text) + wavs; items whose prompt
     fails the audio checks are kept (the set is a benchmark) and counted in the log."""
-    columns = {"audio": spec["prompt_audio"], "prompt_text": spec["prompt_text"], "target_text": spec["target_text"],
-               "id": spec["id"]}
-    ds = audio_dataset(spec, key, columns, _scratch(out))
+    columns = {k: spec[k] for k in ("prompt_audio", "prompt_text", "target_text", "id")}
+    ds = audio_dataset(spec, key, columns, _scratch(out), hub)
     lines, flagged, ids = [], 0, set()
     for i in tqdm(range(len(ds)), desc=f"{key}: items", mininterval=5):
         row = ds[i]
@@ -266,12 +209,12 @@ def planned(cfg: DictConfig) -> list[tuple[str, str, dict, Path]]:
     root = resolve_path(src.out_dir)
     jobs = []
     if src.get("text"):
-        jobs.append(("text", "data.sources.text", {**DEFAULTS["text"], **_spec(src.text)}, root / "text"))
+        jobs.append(("text", "data.sources.text", _spec(src.text, "text", "data.sources.text"), root / "text"))
     if src.get("prompts"):
-        jobs.append(("prompts", "data.sources.prompts", {**DEFAULTS["prompts"], **_spec(src.prompts)},
+        jobs.append(("prompts", "data.sources.prompts", _spec(src.prompts, "prompts", "data.sources.prompts"),
                      root / "prompts"))
     for k, item in enumerate(src.get("eval") or []):
-        spec = {**DEFAULTS["eval"], **_spec(item)}
+        spec = _spec(item, "eval", f"data.sources.eval[{k}]")
         if not spec.get("name"):
             raise SourceError(f"data.sources.eval[{k}]: needs a name (its folder under {root / 'eval'})")
         jobs.append(("eval", f"data.sources.eval[{k}]", spec, root / "eval" / _safe_name(spec["name"])))
@@ -300,17 +243,20 @@ def up_to_date(out: Path, stamp: dict) -> bool:
 
 
 def fetch(cfg: DictConfig) -> list[Path]:
-    """Fetch and convert every source whose output is missing or was made from another spec; all or nothing."""
-    checks = _spec(cfg.data.sources.audio_checks)
+    """Fetch and convert every source whose output is missing or was made from another spec; all or nothing (a
+    failure also removes the folders this call created)."""
+    checks = OmegaConf.to_container(cfg.data.sources.audio_checks, resolve=True)
     todo = [(kind, key, spec, out) for kind, key, spec, out in planned(cfg)
             if not up_to_date(out, _stamp(kind, spec, checks))]
-    builders = {"text": build_text, "prompts": partial(build_prompts, checks=checks),
-                "eval": partial(build_eval, checks=checks)}
-    staged = []
+    hub = Hub()
+    builders = {"text": partial(build_text, hub=hub), "prompts": partial(build_prompts, checks=checks, hub=hub),
+                "eval": partial(build_eval, checks=checks, hub=hub)}
+    staged, created = [], []
     try:
         for kind, key, spec, out in todo:
             tmp = out.with_name(f".{out.name}.partial")
             shutil.rmtree(tmp, ignore_errors=True)
+            created += [d for d in reversed(tmp.parents) if not d.exists()]
             tmp.mkdir(parents=True)
             try:
                 summary = builders[kind](spec, key, tmp)
@@ -318,10 +264,13 @@ def fetch(cfg: DictConfig) -> list[Path]:
                 shutil.rmtree(_scratch(tmp), ignore_errors=True)
             (tmp / STAMP).write_text(json.dumps(_stamp(kind, spec, checks), ensure_ascii=False, indent=1))
             staged.append((tmp, out))
-            log.info("%s: %s (%s)", key, summary, _where(spec, key))
+            log.info("%s: %s (%s)", key, summary, where_of(spec, key))
     except BaseException:
         for _, _, _, out in todo:           # every partial folder, built or half-built
             shutil.rmtree(out.with_name(f".{out.name}.partial"), ignore_errors=True)
+        for folder in reversed(created):    # then the folders made for them, deepest first, if left empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise
     for tmp, out in staged:
         shutil.rmtree(out, ignore_errors=True)
