@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from grpo.config import resolve_path
 from grpo.speech.family import Family
 
 log = logging.getLogger(__name__)
@@ -148,3 +149,29 @@ def build_sensevoice_dir(out_dir: Path, sizes: DictConfig, texts: list[str], see
     )
     torch.save(model.state_dict(), out_dir / "model.pt")
     log.info("SenseVoice dir written: %s (vocab %d)", out_dir, vocab_size)
+
+
+# ---------------------------------------------------------------- the synthetic codebook's texts
+
+
+def read_rows(paths) -> list[dict]:
+    """The JSON lines of every existing file of `paths` (relative to the repository root)."""
+    rows = []
+    for p in paths:
+        p = resolve_path(p)
+        if p.exists():
+            rows += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows
+
+
+def codebook_texts(cfg: DictConfig) -> list[tuple[str, str]]:
+    """(text, language) of every text and prompt text in the codebook's source files."""
+    return [(t, r.get("language", "zh")) for r in read_rows(cfg.reward.codebook.sources)
+            for t in (r.get("text"), r.get("prompt_text")) if isinstance(t, str)]
+
+
+def build_default_codebook(cfg: DictConfig):
+    from grpo.speech.codebook import build_codebook
+
+    return build_codebook(codebook_texts(cfg), cfg.model.tiny.speech_token_size, cfg.reward.codebook.silence_fraction,
+                          cfg.reward.codebook.seed)

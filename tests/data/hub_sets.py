@@ -76,3 +76,55 @@ def zero_shot_repo(root: Path, splits: dict[str, list[dict]]) -> Path:
                 "target_text": [it["target_text"] for it in items]}
         _audio_dataset(rows, "prompt_audio").to_parquet(str(root / "data" / f"{split}-00000-of-00001.parquet"))
     return root
+
+
+AISHELL_AUTHOR_ROOT = "/mnt/samsung-t7/yuekai/aishell"     # where the manifests' paths point (not on this machine)
+
+
+def aishell_lhotse_repo(root: Path, clips: list[tuple[bytes, str]], archive: bool = True) -> Path:
+    """yuekai/aishell as its public signs describe it: a loading script, the test split as Lhotse cuts
+    (`test/aishell_cuts_test.jsonl.gz`, written by Lhotse's own writer) whose recordings name files on the author's
+    machine, and the audio in `test/test.tar.gz` (AISHELL-1's `data_aishell/wav/test/<speaker>/<utt>.wav`); the
+    speakers are S0764, S0765, ... one clip each, the transcripts words separated by spaces."""
+    import tarfile
+
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+    from lhotse.utils import fastcopy
+
+    staging = root / ".staging"
+    recordings, supervisions = [], []
+    for k, (data, text) in enumerate(clips):
+        speaker, utt = f"S{764 + k:04d}", f"BAC009S{764 + k:04d}W0121"
+        rel = f"data_aishell/wav/test/{speaker}/{utt}.wav"
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_bytes(data)
+        rec = Recording.from_file(staging / rel, recording_id=utt)
+        rec = fastcopy(rec, sources=[fastcopy(s, source=f"{AISHELL_AUTHOR_ROOT}/{rel}") for s in rec.sources])
+        recordings.append(rec)
+        supervisions.append(SupervisionSegment(id=utt, recording_id=utt, start=0.0, duration=rec.duration,
+                                               channel=0, text=text, speaker=speaker, language="Chinese"))
+    (root / "test").mkdir(parents=True, exist_ok=True)
+    cuts = CutSet.from_manifests(recordings=RecordingSet.from_recordings(recordings),
+                                 supervisions=SupervisionSet.from_segments(supervisions))
+    cuts.to_file(root / "test" / "aishell_cuts_test.jsonl.gz")
+    if archive:
+        with tarfile.open(root / "test" / "test.tar.gz", "w:gz") as tar:
+            tar.add(staging / "data_aishell", arcname="data_aishell")
+    import shutil
+
+    shutil.rmtree(staging)
+    (root / "aishell.py").write_text('"""yuekai/aishell loading script (datasets < 4 ran these)."""\n')
+    (root / "README.md").write_text("---\nlicense: apache-2.0\n---\n")
+    return root
+
+
+def in_hub_cache(cache: Path, repo_id: str, folder: Path, commit: str = "1" * 40) -> Path:
+    """A dataset repository's files as the hub cache holds a downloaded snapshot (snapshot_download finds it
+    offline)."""
+    import shutil
+
+    repo = cache / f"datasets--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(folder, repo / "snapshots" / commit)
+    return repo / "snapshots" / commit

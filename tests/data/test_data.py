@@ -8,7 +8,7 @@ import datasets
 import pytest
 
 from grpo.config import load_config
-from grpo.data import DataError, prepare, sample_id
+from grpo.data.stage import DataError, prepare, sample_id
 
 
 def write_lines(path, lines):

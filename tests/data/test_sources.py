@@ -17,9 +17,9 @@ import pytest
 import soundfile as sf
 from hub_sets import aishell_repo, tone, voxbox_in_hub_cache, wav_bytes, zero_shot_repo
 
-from grpo import sources
 from grpo.config import REPO_ROOT, load_config
-from grpo.sources import SourceError, fetch
+from grpo.data import sources
+from grpo.data.sources import SourceError, fetch
 
 TEXTS = [f"第{i}句训练文本" for i in range(8)]
 
@@ -116,7 +116,7 @@ def test_a_bad_source_stops_in_one_line_naming_the_key_and_writes_nothing(tmp_pa
     with pytest.raises(SourceError) as err:
         fetch(load_config(overrides(tmp_path, hub, **{key: value})))
     assert message in str(err.value) and "\n" not in str(err.value)
-    assert [p for p in (tmp_path / "exp").rglob("*") if p.is_file()] == []
+    assert list((tmp_path / "exp").rglob("*")) == []            # no file, no empty folder
 
 
 def test_unreadable_audio_names_the_item(tmp_path, hub):
