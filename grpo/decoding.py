@@ -1,6 +1,6 @@
 """How speech tokens are sampled: the decoding presets, CosyVoice's length bounds, and its RAS rule in closed form.
 
-Everything here is CosyVoice at the pinned commit (grpo/upstream.py, ace7c47): `cosyvoice/llm/llm.py`
+Everything here is CosyVoice at the pinned commit (grpo/upstream/pin.py, ace7c47): `cosyvoice/llm/llm.py`
 (`Qwen2LM.inference`, `sampling_ids`, `inference_wrapper`) and `cosyvoice/utils/common.py` (`ras_sampling`,
 `nucleus_sampling`, `random_sampling`).
 
@@ -29,6 +29,7 @@ So P_ras(y) = q(y) [y not in R] + sum over x in N and R of q(x) p_x(y). (Before 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -38,6 +39,17 @@ RAS_KEY = "cosyvoice_ras"          # SamplingParams.extra_args key that turns th
 RAS_PROCESSOR = "grpo.model.ras_logits:CosyVoiceRAS"   # vLLM's FQCN syntax for `logits_processors`
 
 
+def logits_processors(*presets: str) -> list[str]:
+    """vLLM's `logits_processors` for an engine whose requests decode with `presets`: the RAS processor only when one
+    of them is `cosyvoice_ras`. Any registered custom processor makes vLLM keep every request's output ids on the
+    host each step (vllm/v1/worker/gpu_model_runner.py, logitsprocs_need_output_token_ids), so plain decoding
+    registers none and pays nothing."""
+    for preset in presets:
+        if preset not in PRESETS:
+            raise ValueError(f"decoding must be one of {', '.join(PRESETS)}, got {preset!r}")
+    return [RAS_PROCESSOR] if "cosyvoice_ras" in presets else []
+
+
 @dataclass(frozen=True)
 class RASConfig:
     """The released cosyvoice2.yaml's `sampling: !name:cosyvoice.utils.common.ras_sampling` defaults."""
@@ -45,6 +57,12 @@ class RASConfig:
     top_k: int = 25
     win_size: int = 10
     tau_r: float = 0.1
+
+
+def request_seed(seed: int, step: int, index: int) -> int:
+    """The seed of one request: a stable hash of (run seed, step or sample, item index), so a (prompt, seed) pair
+    draws the same samples in training and in every evaluation."""
+    return int.from_bytes(hashlib.sha1(f"{seed}:{step}:{index}".encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
 def text_token_count(tokenizer, text: str) -> int:
@@ -63,39 +81,72 @@ def capped(min_tokens: int, max_tokens: int, ceiling: int) -> dict:
     return {"min_tokens": min(min_tokens, hi), "max_tokens": hi}
 
 
-def nucleus_mask(p: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-    """CosyVoice's nucleus set over a probability vector: sorted i < top_k with the mass before i < top_p."""
-    sorted_p, order = p.sort(descending=True, stable=True)
-    before = torch.cumsum(sorted_p, 0) - sorted_p
-    keep = (before < top_p) & (torch.arange(p.numel(), device=p.device) < top_k)
-    mask = torch.zeros_like(p, dtype=torch.bool)
-    mask[order[keep]] = True
-    return mask
+def ras_probs_batch(scores: torch.Tensor, windows: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                    repeat_at: torch.Tensor, masked: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """P_ras for a batch of rows at once, on the scores' device, with no host sync (float32, (B, V)).
+
+    scores (B, V): the step's logits over the columns that can be drawn (the processor passes the speech and stop
+    rows; every other column's probability is exactly 0 under the masked head). windows (B, W): each row's last
+    win_size generated ids in column space, -1 where there is none. top_p, top_k, repeat_at (= win_size * tau_r)
+    and masked (the column held back before min_len, -1 from min_len on): one value per row. max_top_k: the
+    largest top_k, a host int (it sizes the nucleus slice, so reading it from the device would sync)."""
+    scores = scores.float().clone()
+    cols = scores.shape[1]
+    held = masked.clamp(min=0)[:, None]
+    scores.scatter_(1, held, torch.where(masked[:, None] >= 0, float("-inf"), scores.gather(1, held)))
+    top = scores.argmax(-1, keepdim=True)
+    e = (scores - scores.gather(1, top)).exp()                           # p up to the row's sum S
+    total = e.sum(-1, keepdim=True)
+    p = e / total
+    # CosyVoice's nucleus: sorted index i < top_k with the mass before i < top_p (a stable sort: ties keep id order)
+    k = min(max_top_k, cols)
+    sorted_p, order = p.sort(dim=-1, descending=True, stable=True)
+    head = sorted_p[:, :k]
+    keep = (torch.cumsum(head, -1) - head < top_p[:, None]) & \
+        (torch.arange(k, device=p.device)[None] < top_k[:, None])
+    nucleus = torch.zeros_like(p, dtype=torch.bool).scatter_(1, order[:, :k], keep)
+    q = torch.where(nucleus, p, 0.0)
+    q = q / q.sum(-1, keepdim=True)
+    # x drawn and seen >= repeat_at times in the window: redrawn from the softmax without x, e_y [y != x] / Z_x
+    present = windows >= 0
+    ids = windows.clamp(min=0)                                           # padding reads column 0, weight 0
+    counts = torch.zeros_like(p).scatter_add_(1, ids, present.float())
+    repeated = (counts >= repeat_at[:, None]) & nucleus
+    base = torch.where(repeated, 0.0, q)
+    width = windows.shape[1]
+    earlier = torch.ones(width, width, dtype=torch.bool, device=p.device).tril(-1)
+    same = ids[:, :, None] == ids[:, None, :]
+    first_seen = ~(same & present[:, None, :] & earlier).any(-1)
+    redrawn = present & first_seen & repeated.gather(1, ids)             # (B, W): each repeated x once
+    weight = torch.where(redrawn, q.gather(1, ids), 0.0)
+    e_x = e.gather(1, ids)
+    # Z_x = S - e_x, except for the row's top id, whose rest is summed directly (no cancellation when it holds
+    # nearly all the mass)
+    rest_of_top = e.scatter(1, top, 0.0).sum(-1, keepdim=True)
+    z = torch.where(ids == top, rest_of_top, total - e_x)
+    finite = z > 0
+    ratio = torch.where(redrawn & finite, weight / torch.where(finite, z, 1.0), 0.0)
+    probs = base + e * ratio.sum(-1, keepdim=True)
+    # at a window id y the redraw of y itself adds nothing: the sum over the other x, taken directly
+    others = (ratio[:, None, :] * ~same).sum(-1)
+    probs.scatter_(1, ids, base.gather(1, ids) + e_x * others)
+    # x held all the mass: upstream's softmax of all -inf is NaN and its draw raises; x is kept here
+    return probs.scatter_add_(1, ids, torch.where(redrawn & ~finite, weight, 0.0))
 
 
 def ras_probs(logits: torch.Tensor, history: list[int], cfg: RASConfig, masked_id: int | None = None) -> torch.Tensor:
     """P_ras over the vocabulary for one step (float32). `history`: the tokens generated so far; `masked_id`: the
     id whose score is -inf before min_len (row `speech_token_size`), None from min_len on."""
-    scores = logits.float().clone()
-    if masked_id is not None:
-        scores[masked_id] = float("-inf")
-    p = scores.softmax(-1)
-    n = nucleus_mask(p, cfg.top_p, cfg.top_k)
-    q = torch.where(n, p, torch.zeros_like(p))
-    q = q / q.sum()
     window = history[-cfg.win_size:]                     # Python's slice, as upstream's decoded_tokens[-win_size:]
-    counts = torch.bincount(torch.tensor(window, dtype=torch.long), minlength=p.numel())[: p.numel()] \
-        if window else torch.zeros(p.numel(), dtype=torch.long)
-    repeated = (counts.to(p.device) >= cfg.win_size * cfg.tau_r) & n
-    probs = torch.where(repeated, torch.zeros_like(q), q)
-    for x in repeated.nonzero().flatten().tolist():       # at most win_size ids
-        redraw = scores.clone()
-        redraw[x] = float("-inf")
-        if torch.isfinite(redraw).any():
-            probs = probs + q[x] * redraw.softmax(-1)
-        else:   # x held all the mass: upstream's softmax of all -inf is NaN and its draw raises; x is kept here
-            probs[x] += q[x]
-    return probs
+    device = logits.device
+
+    def one(value, dtype):
+        return torch.tensor([value], dtype=dtype, device=device)
+
+    windows = torch.tensor([window or [-1]], dtype=torch.long, device=device)
+    return ras_probs_batch(logits[None], windows, one(cfg.top_p, torch.float32), one(cfg.top_k, torch.long),
+                           one(cfg.win_size * cfg.tau_r, torch.float32),
+                           one(-1 if masked_id is None else masked_id, torch.long), cfg.top_k)[0]
 
 
 def rollout_correction(preset: str, threshold: float) -> dict | None:

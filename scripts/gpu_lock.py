@@ -5,10 +5,9 @@
   python scripts/gpu_lock.py check    (CI) the lock still resolves for that platform, unchanged; vLLM and torch are
                                       the CPU lock's releases (SAME_RELEASE); every other package it shares with
                                       requirements/cpu-lock.txt has the CPU lock's version unless
-                                      EXPECTED_DIFFERENCES names why not; requirements/gpu-cu12.txt (the CUDA 12
-                                      image) pins gpu.txt's releases
-  python scripts/gpu_lock.py constraints {13,12}   (Dockerfile) the lock as pip constraints for that CUDA's image
-  python scripts/gpu_lock.py requirements {13,12}  (Dockerfile) the requirements file for that CUDA's image
+                                      EXPECTED_DIFFERENCES names why not
+
+There is one image, CUDA 13.0 (PyPI's wheels): no CUDA 12 build of vLLM 0.28.0 has a torch to run on (docs/gpu.md).
 
 Resolution uses uv (`uv pip compile --python-platform`), which resolves for another platform from the index's
 metadata, sdists included; nothing is installed. The Dockerfile installs with `-c requirements/gpu-lock.txt`.
@@ -97,7 +96,6 @@ def release(version: str) -> str:
 def check() -> int:
     problems = []
     lock, cpu = parse(LOCK), parse(REQ / "cpu-lock.txt")
-    problems += check_cuda12()
     for gpu_name, cpu_name in SAME_RELEASE.items():
         if release(lock.get(gpu_name, "?")) != release(cpu.get(cpu_name, "?")):
             problems.append(f"{gpu_name} {lock.get(gpu_name)} in the GPU lock, {cpu_name} {cpu.get(cpu_name)} in the "
@@ -123,42 +121,9 @@ def check() -> int:
     return 1 if problems else 0
 
 
-# The image's requirements file per CUDA major version (Dockerfile's build argument CUDA)
-REQUIREMENTS = {"13": "gpu.txt", "12": "gpu-cu12.txt"}
-# Builds tied to the lock's CUDA 13 (PyPI's wheels): a CUDA 12 image resolves them at build time
-CUDA_BOUND = re.compile(r"^(nvidia-|cuda-|torch$|torchaudio$|torchvision$|triton$|vllm$|onnxruntime-gpu$|nccl4py$|"
-                        r"flashinfer-|pynvvideocodec$|tilelang$|quack-kernels$|humming-kernels$|tokenspeed-|"
-                        r"torch-c-dlpack-ext$)")
-
-
-def constraints(cuda: str) -> str:
-    """The lock as pip constraints for an image of CUDA major version `cuda`: whole for 13, less CUDA_BOUND for 12."""
-    if cuda not in REQUIREMENTS:
-        sys.exit(f"CUDA={cuda}: the image is built for CUDA {' or '.join(REQUIREMENTS)} "
-                 "(docker build --build-arg CUDA=...)")
-    lines = LOCK.read_text(encoding="utf-8").splitlines()
-    keep = [line for line in lines if cuda == "13" or "==" not in line or not CUDA_BOUND.match(parse_line(line))]
-    return "\n".join(keep) + "\n"
-
-
-def check_cuda12() -> list[str]:
-    """gpu-cu12.txt pins gpu.txt's releases (local build tags aside): the CUDA 12 image runs what CI tests."""
-    gpu, cu12 = parse(REQ / "gpu.txt"), parse(REQ / "gpu-cu12.txt")
-    urls = dict(re.findall(r"^([\w-]+) @ \S+/v?([\d.]+)/", (REQ / "gpu-cu12.txt").read_text(), re.M))
-    cu12.update(urls)
-    return [f"requirements/gpu-cu12.txt: {name} {cu12.get(name)}, gpu.txt {version} (the CUDA 12 image must build "
-            "the same release)" for name, version in gpu.items()
-            if name != "onnxruntime-gpu" and release(cu12.get(name, "?")) != release(version)]
-
-
 if __name__ == "__main__":
     action = sys.argv[1] if len(sys.argv) > 1 else "check"
-    if action == "constraints" and len(sys.argv) == 3:
-        sys.stdout.write(constraints(sys.argv[2]))
-    elif action == "requirements" and len(sys.argv) == 3:
-        constraints(sys.argv[2])            # the same one-line stop for an unknown CUDA
-        print(REQUIREMENTS[sys.argv[2]])
-    elif action in ("write", "check"):
+    if action in ("write", "check"):
         sys.exit(write() if action == "write" else check())
     else:
         sys.exit(__doc__)

@@ -154,6 +154,25 @@ def rollout_is_weights(old_logp: torch.Tensor, batch: RolloutBatch, correction: 
     return weights.batch["rollout_is_weights"], metrics
 
 
+class NonFiniteLogProbs(SystemExit):
+    """Log-probs with NaN or inf: the step stops before the optimizer (its message is the one line a user sees)."""
+
+
+def require_finite(name: str, logp, mask: torch.Tensor | None, dtype: str) -> None:
+    """NonFiniteLogProbs when `logp` (a tensor, with the response mask, or a list of per-token values) holds NaN
+    or inf: vllm-omni#4168 reports CosyVoice3's LLM producing NaNs in fp16/bf16, and a NaN that reaches the loss
+    poisons every parameter."""
+    values = logp if isinstance(logp, torch.Tensor) else torch.tensor(logp, dtype=torch.float64)
+    bad = ~torch.isfinite(values)
+    if mask is not None:
+        bad &= mask.bool()
+    if bad.any():
+        total = int(mask.sum()) if mask is not None else values.numel()
+        raise NonFiniteLogProbs(
+            f"{name} log-probs are NaN or inf at {int(bad.sum())} of {total} response tokens (train.rollout.dtype="
+            f"{dtype}): the step stops before the optimizer; run the rollouts in float32 (train.rollout.dtype=float32)")
+
+
 def policy_loss(model, batch: RolloutBatch, advantages, old_logp, ref_logp, cfg: ActorConfig, allowed=None,
                 is_weights: torch.Tensor | None = None):
     """verl's actor loss: clipped policy gradient (+ KL to the reference when use_kl_loss) (- entropy bonus);

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.decoding import RAS_PROCESSOR, capped, sampling_kwargs
+from grpo.decoding import RAS_KEY, capped, logits_processors, sampling_kwargs
 from grpo.model.speech_vocab import SpeechVocab
 
 # in-process engine: starts in ~2 s instead of ~15 s, and weights can be synced by reference
@@ -41,17 +41,19 @@ class VLLMRollout:
 
     def __init__(self, model_dir: str, vocab: SpeechVocab, dtype: str = "float32", gpu_memory_utilization: float = 0.1,
                  enforce_eager: bool = True, max_model_len: int = 1024, seed: int = 0, cpu_kv_cache_gib: float = 0.5,
-                 **llm_kwargs):
+                 decodings: tuple[str, ...] = ("plain",), **llm_kwargs):
+        """`decodings`: the grpo.decoding presets this engine's requests use (RAS is registered only for them)."""
         from vllm import LLM
 
         self.vocab = vocab
         # on CPU, a share of RAM minus what this process already holds is fragile: size the KV cache explicitly
         memory = ({"gpu_memory_utilization": gpu_memory_utilization} if torch.cuda.is_available()
                   else {"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30)})
-        # CosyVoice's RAS (grpo.decoding), applied only to requests that ask for it in their extra_args
+        # CosyVoice's RAS (grpo.decoding), registered when a preset needs it, applied to requests that ask for it
+        self.processors = logits_processors(*decodings)
         self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=enforce_eager, dtype=dtype,
                        max_model_len=max_model_len, seed=seed, enable_prefix_caching=False,
-                       logits_processors=[RAS_PROCESSOR], **memory, **llm_kwargs)
+                       logits_processors=self.processors, **memory, **llm_kwargs)
 
     def speech_params(self, **kwargs):
         """vLLM SamplingParams stopping on the end-of-speech ids (the head samples nothing but speech and stops)."""
@@ -64,6 +66,10 @@ class VLLMRollout:
         each sampled token's log-prob under the distribution vLLM sampled from (the engine's logprobs_mode)."""
         from vllm.inputs import TokensPrompt
 
+        if not self.processors and any(RAS_KEY in (p.extra_args or {}) for p in params):
+            # vLLM would ignore the extra_args and sample plainly: a silently different distribution
+            raise ValueError("a cosyvoice_ras request on an engine built without the RAS processor: pass "
+                             "decodings=(..., 'cosyvoice_ras') to VLLMRollout")
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         groups = [[list(c.token_ids) for c in out.outputs] for out in outputs]
         if not with_logprobs:

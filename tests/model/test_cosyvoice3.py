@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from ras_batch import one_row
 
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.speech.family import family
@@ -109,8 +110,8 @@ def test_ras_before_min_len_holds_back_cosyvoice3s_sos_not_its_eos():
     empirical = counts / counts.sum()
     params = SamplingParams(**sampling_kwargs("cosyvoice_ras", 5, 100, ras=RASConfig(), min_len_masked_id=S),
                             stop_token_ids=[S + r for r in CV3.stop_rows])
-    row = object.__new__(CosyVoiceRAS).new_req_logits_processor(params)([], logits.clone())
-    ours = row.softmax(-1).double().numpy()
+    CosyVoiceRAS.validate_params(params)
+    ours = one_row(params, [], logits)
     assert empirical[S] == 0 and ours[S] == 0
     assert empirical[S + 1] > 0.2 and ours[S + 1] == pytest.approx(empirical[S + 1], abs=0.02)
     assert 0.5 * np.abs(empirical - ours).sum() < 0.03
@@ -140,9 +141,9 @@ def test_cosyvoice3_tokenizer_and_llm_input_with_the_real_qwen_bpe(real_bpe):
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
     from omegaconf import OmegaConf
 
-    from grpo import data
+    from grpo.data import stage as data
+    from grpo.data.test_sets import ZeroShotItem
     from grpo.evaluate.evaluator import build_inputs
-    from grpo.evaluate.test_sets import ZeroShotItem
     from grpo.model.speech_vocab import build_hf_tokenizer
     from grpo.speech.text_frontend import normalizer
 

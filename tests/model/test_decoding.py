@@ -1,12 +1,13 @@
 """CosyVoice's repetition-aware sampling (RAS) as this package's vLLM logits processor: its per-step distribution
 against today's rule computed by hand, and against upstream CosyVoice's own `Qwen2LM.sampling_ids` + `ras_sampling`
-(the pinned commit, grpo/upstream.py) drawn many times."""
+(the pinned commit, grpo/upstream/pin.py) drawn many times."""
 
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from ras_batch import one_row, processor, update
 
 from grpo.decoding import RAS_KEY, RASConfig, length_bounds, ras_probs, sampling_kwargs
 
@@ -25,9 +26,7 @@ def processor_probs(logits, history, min_tokens=0, masked_id=S, cfg=DEFAULT_RAS)
     params = SamplingParams(**sampling_kwargs("cosyvoice_ras", min_tokens, 100, ras=cfg, min_len_masked_id=masked_id),
                             stop_token_ids=list(EOS))
     CosyVoiceRAS.validate_params(params)
-    proc = object.__new__(CosyVoiceRAS)          # the per-request function needs no engine
-    row = proc.new_req_logits_processor(params)(list(history), logits.clone())
-    return row.softmax(-1).double().numpy()
+    return one_row(params, history, logits)
 
 
 def rule_by_hand(logits, history, cfg=DEFAULT_RAS, masked=None):
@@ -190,6 +189,89 @@ def test_before_min_len_only_row_s_is_held_back():
     assert processor_probs(logits, [], min_tokens=0)[S] > 0      # from min_len on, row S is back
 
 
+def ras_params(min_tokens=0, cfg=DEFAULT_RAS):
+    from vllm import SamplingParams
+
+    return SamplingParams(**sampling_kwargs("cosyvoice_ras", min_tokens, 100, ras=cfg, min_len_masked_id=S),
+                          stop_token_ids=list(EOS))
+
+
+def test_the_batch_processor_reads_each_requests_own_history_under_interleaving():
+    """vLLM's persistent batch adds, removes, moves and swaps requests between steps, and each request's output
+    list grows in place: every RAS row must be P_ras of its own logits and its own tokens, other rows untouched."""
+    from vllm import SamplingParams
+
+    proc = processor()
+    g = torch.Generator().manual_seed(11)
+    outs = {name: [] for name in "abcd"}
+    params = {"a": ras_params(min_tokens=3), "b": ras_params(), "c": SamplingParams(top_k=25),
+              "d": ras_params(cfg=RASConfig(top_p=0.6, top_k=5, win_size=4, tau_r=0.5))}
+    update(proc, 3, added=[(0, params["a"], outs["a"]), (1, params["b"], outs["b"]), (2, params["c"], outs["c"])])
+    slots = ["a", "b", "c"]
+    events = {2: dict(removed=[1]), 3: dict(added=[(1, params["d"], outs["d"])]), 5: dict(moved=[(0, 2, True)]),
+              7: dict(removed=[1], moved=[(2, 1, False)])}
+    checked = 0
+    for step in range(10):
+        if step in events:
+            e = events[step]
+            for i in e.get("removed", []):
+                slots[i] = None
+            for i, _, out in e.get("added", []):
+                slots[i] = next(k for k in outs if outs[k] is out)
+            for a, b, swap in e.get("moved", []):
+                slots[a], slots[b] = (slots[b], slots[a]) if swap else (None, slots[a])
+            update(proc, len(slots), **e)
+        logits = torch.randn(len(slots), V, generator=g) * 2.5
+        logits[:, S] += 2.0
+        got = proc.apply(logits.clone()).softmax(-1)
+        for row, name in enumerate(slots):
+            if name is None:
+                continue
+            if name == "c":                                              # no RAS: left as it was
+                assert torch.equal(got[row], logits[row].softmax(-1))
+            else:
+                ras = params[name].extra_args[RAS_KEY]
+                cfg = RASConfig(ras["top_p"], ras["top_k"], ras["win_size"], ras["tau_r"])
+                want = ras_probs(logits[row], outs[name], cfg, S if len(outs[name]) < ras["min_tokens"] else None)
+                torch.testing.assert_close(got[row], want, rtol=0, atol=1e-6)
+                checked += 1
+            # the request draws a token and vLLM appends it to its live list; repeats make RAS act
+            outs[name].append(int(logits[row].argmax()) if step % 3 else 7)
+    assert checked >= 15 and outs["a"].count(7) >= 3            # RAS had repeats to act on
+
+
+def test_the_processor_works_over_the_head_rows_only_and_refuses_placeholders():
+    """With the head's decoder rows known, columns outside them come back -inf (probability 0, as the masked head
+    gives them) and the rows inside are P_ras over the whole vocabulary; a window still holding vLLM's async
+    placeholder (-1) stops the step."""
+    full, rows = processor(), processor(head_rows=[10, V])
+    logits = peaked_logits(6)
+    logits[:10] = -8192.0                                              # the masked head's text rows
+    history = [int(logits.argmax())] * 2
+    for p in (full, rows):
+        update(p, 1, added=[(0, ras_params(), list(history))])
+    a, b = full.apply(logits.clone()[None])[0], rows.apply(logits.clone()[None])[0]
+    assert torch.isinf(b[:10]).all()
+    torch.testing.assert_close(a.softmax(-1), b.softmax(-1), rtol=0, atol=1e-6)  # float32 rounding (eps 1.2e-7)
+    update(rows, 1, added=[(0, ras_params(), [12, -1])])
+    with pytest.raises(RuntimeError, match="placeholder"):
+        rows.apply(logits.clone()[None])
+
+
+def test_ras_is_registered_only_for_engines_that_decode_with_it():
+    from grpo.decoding import RAS_PROCESSOR, logits_processors
+    from grpo.train.rollout import VLLMRollout
+
+    assert logits_processors("plain") == [] and logits_processors("plain", "cosyvoice_vllm") == []
+    assert logits_processors("plain", "cosyvoice_ras") == [RAS_PROCESSOR]
+    with pytest.raises(ValueError, match="decoding must be one of"):
+        logits_processors("ras")
+    engine = object.__new__(VLLMRollout)                # no engine is started: the check comes first
+    engine.processors = []
+    with pytest.raises(ValueError, match="without the RAS processor"):
+        engine.run([[1, 2]], [ras_params()])
+
+
 def test_presets_and_length_bounds():
     assert length_bounds(7, 2, 20) == (14, 140) and length_bounds(3, 0.5, 1.5) == (1, 4)
     assert length_bounds(0, 2, 20) == (0, 1)
@@ -239,7 +321,8 @@ def test_vllm_samples_from_the_ras_distribution(tiny_cfg):
 
     cfg = tiny_cfg()
     vocab = SpeechVocab.load(cfg.model.hf_dir)
-    rollout = VLLMRollout(cfg.model.hf_dir, vocab, max_model_len=256, logprobs_mode="processed_logprobs")
+    rollout = VLLMRollout(cfg.model.hf_dir, vocab, max_model_len=256, logprobs_mode="processed_logprobs",
+                          decodings=("cosyvoice_ras", "cosyvoice_vllm"))
     model = AutoModelForCausalLM.from_pretrained(cfg.model.hf_dir, dtype=torch.float32).eval()
     prompt = [vocab.sos_token_id, 5, 9, 14, 3, vocab.task_id_token_id]
     min_len = 30

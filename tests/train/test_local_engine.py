@@ -43,7 +43,9 @@ def test_vllm_weights_follow_the_policy_after_an_update(tiny_cfg, synthetic_serv
     from conftest import free_port
     from reward_server.client import RewardServerError
 
-    trainer.reward_kwargs = {**trainer.reward_kwargs, "url": f"http://127.0.0.1:{free_port()}", "retries": 0}
+    trainer.reward_kwargs = {**trainer.reward_kwargs,
+                             "client": {**trainer.reward_kwargs["client"], "url": f"http://127.0.0.1:{free_port()}",
+                                        "retries": 0}}
     with pytest.raises(RewardServerError):
         trainer.train_step(2)
     trainer.reward_kwargs["on_failure"] = "exclude"
@@ -136,6 +138,25 @@ def test_ras_rollouts_are_reweighted_by_verls_truncated_token_is(tiny_cfg, synth
         clipped += int((expected == 2.0).sum())
     assert checked >= 40 and clipped > 0     # the truncation is exercised (RAS puts mass where p has little)
 
+    # a rollout whose log-probs hold a NaN (vllm-omni#4168: CosyVoice3 in bf16) stops the step in one line, before
+    # the optimizer: no parameter moves
+    from grpo.train.grpo_step import NonFiniteLogProbs
+
+    generate = trainer.rollout.generate_with_logprobs
+
+    def nan_rollouts(*args, **kwargs):
+        groups, logps = generate(*args, **kwargs)
+        logps[0][0][1] = float("nan")
+        return groups, logps
+
+    monkeypatch.setattr(trainer.rollout, "generate_with_logprobs", nan_rollouts)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(NonFiniteLogProbs) as err:
+        trainer.train_step(2)
+    assert str(err.value).startswith("rollout log-probs are NaN or inf at 1 of ") and "\n" not in str(err.value)
+    assert "train.rollout.dtype=float32" in str(err.value)
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
 
 def test_group_normalised_rewards_in_the_local_engine(tiny_cfg, synthetic_server, tmp_path, monkeypatch):
     """reward.combine=group_normalized: the advantages of the update are GDPO's, recomputed here with numpy from
@@ -211,8 +232,8 @@ def test_killed_run_resumes_at_the_same_step_and_data_position(tiny_exp, synthet
 @pytest.fixture(scope="module")
 def warm_exp(tmp_path_factory):
     """A tiny model with the default warm start (like `bash run.sh`), so GRPO starts from a mediocre model."""
-    from grpo import data
     from grpo.config import load_config
+    from grpo.data import stage as data
     from grpo.model import prepare as models
 
     exp = tmp_path_factory.mktemp("exp_warm")
