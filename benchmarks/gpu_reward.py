@@ -7,7 +7,7 @@ also every item in one pass), fp32 vs bf16 autocast, and peak memory, over items
 
     .venv/bin/python benchmarks/gpu_reward.py                         # a GPU: 64 items of 50-150 tokens (2-6 s)
     .venv/bin/python benchmarks/gpu_reward.py --family cosyvoice3     # the same for CosyVoice3
-    .venv/bin/python benchmarks/gpu_reward.py --items 2 --tokens 25   # the CPU smoke CI runs
+    .venv/bin/python benchmarks/gpu_reward.py --items 2 --tokens 12 --no-warmup   # a CPU smoke (CI's: tests/project)
 
 Random weights make the work real (every layer runs at its size) and the transcripts meaningless; the
 SenseVoice vocabulary is padded to the released 25,055 pieces. Needs only torch and this repository's pure-Python
@@ -55,8 +55,9 @@ def peak_memory_gib(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20     # KiB -> GiB (process high-water mark)
 
 
-def measure(backend, items, batched: bool, device: str, repeats: int) -> dict:
-    """Median samples/s of `repeats` passes (after a warm-up) and the peak memory while running."""
+def measure(backend, items, batched: bool, device: str, repeats: int, warmup: bool = True) -> dict:
+    """Median samples/s of `repeats` passes (after a warm-up pass unless told not to) and the peak memory while
+    running."""
     def one_pass():
         if batched:
             backend.transcribe(items)
@@ -66,7 +67,8 @@ def measure(backend, items, batched: bool, device: str, repeats: int) -> dict:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    one_pass()                                                   # warm-up: kernels, allocator, caches
+    if warmup:
+        one_pass()                                               # kernels, allocator, caches
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     rates = []
@@ -91,6 +93,9 @@ def main() -> None:
                              "max_frames_per_batch): default on a GPU, where the trade-off is batch size vs padding")
     parser.add_argument("--prompt-tokens", type=int, default=75, help="prompt speaker length in tokens")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="an unmeasured pass before the measured ones (--no-warmup: the CPU smoke, where a pass "
+                             "of real-size renders costs minutes and no figure is asserted)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", default=None, help="comma list; default float32,bfloat16 (CUDA) or float32")
     args = parser.parse_args()
@@ -112,7 +117,7 @@ def main() -> None:
     result = {"benchmark": "gpu_reward", "family": args.family,
               "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
               "items": args.items, "tokens_per_item": [shortest, args.tokens], "max_padding": args.max_padding,
-              "threads": torch.get_num_threads()}
+              "threads": torch.get_num_threads(), "warmup": args.warmup}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         cv_dir, sv_dir = build_models(Path(tmp), texts, args.family)
@@ -124,7 +129,8 @@ def main() -> None:
         for dtype in dtypes:
             for mode, batched, max_padding in ways:
                 t2w = Token2Wav(cv_dir, args.device, dtype, max_padding=max_padding)
-                figures = measure(CosyVoiceBackend(t2w, speakers, asr), items, batched, args.device, args.repeats)
+                figures = measure(CosyVoiceBackend(t2w, speakers, asr), items, batched, args.device, args.repeats,
+                                  args.warmup)
                 result[f"{mode}_{dtype}"] = figures
                 print(f"{mode:18s} {dtype:9s} {figures['samples_per_s']:8.2f} samples/s, "
                       f"peak {figures['peak_gib']} GiB")

@@ -80,10 +80,12 @@ def ours(url: str, items: list[dict], request_items: int, in_flight: int) -> lis
     return asyncio.run(go())
 
 
-def timed(ways: dict, items: list[dict], repeats: int = 3) -> tuple[dict, dict]:
+def timed(ways: dict, items: list[dict], repeats: int = 3, warmup: bool = True) -> tuple[dict, dict]:
     """Median samples/s of each way over `repeats` passes, the ways interleaved within each repeat (so that the
-    machine's drift hits them alike), after one short warm-up call; and each way's last results."""
-    next(iter(ways.values()))(items[:2])
+    machine's drift hits them alike), after one short warm-up call (unless told not to); and each way's last
+    results."""
+    if warmup:
+        next(iter(ways.values()))(items[:2])
     rates: dict[str, list[float]] = {name: [] for name in ways}
     results = {}
     for _ in range(repeats):
@@ -94,10 +96,15 @@ def timed(ways: dict, items: list[dict], repeats: int = 3) -> tuple[dict, dict]:
     return {name: statistics.median(r) for name, r in rates.items()}, results
 
 
+def server_overrides(args, batch: int) -> list[str]:
+    """The servers' config: each replica's threads are the profile's reward.cpus_per_replica (1 by default; the
+    realsize profiles: both cores)."""
+    return [f"reward.backend={args.backend}", f"reward.max_batch_size={batch}", "reward.batch_wait_timeout_s=0.01",
+            f"reward.num_replicas={args.replicas}", *args.overrides]
+
+
 def serve(args, batch: int, log_path: Path) -> ServerProcess:
-    return ServerProcess([f"reward.backend={args.backend}", f"reward.max_batch_size={batch}",
-                          "reward.batch_wait_timeout_s=0.01", f"reward.num_replicas={args.replicas}",
-                          "reward.cpus_per_replica=1", *args.overrides], log_path=log_path).wait(timeout_s=600)
+    return ServerProcess(server_overrides(args, batch), log_path=log_path).wait(timeout_s=600)
 
 
 def compare(name: str, a: list[dict], b: list[dict]) -> tuple[float, int]:
@@ -120,6 +127,9 @@ def main() -> None:
                         help="items of lengths drawn from [min-tokens, tokens] (default: all of --tokens)")
     parser.add_argument("--repeats", type=int, default=3, help="passes per way (the median is reported)")
     parser.add_argument("--no-sequential", action="store_true", help="skip the batch-1 server")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="a 2-item call before the timed passes (--no-warmup: the real-size CPU smoke, where "
+                             "each real-size item costs most of a minute and no figure is asserted)")
     parser.add_argument("--request-items", type=int, default=None,
                         help="items per client request (default: the training client's, see reward_fn)")
     parser.add_argument("--in-flight", type=int, default=None,
@@ -130,8 +140,8 @@ def main() -> None:
     from grpo.config import load_config
     from grpo.train.reward_fn import reward_kwargs
 
-    client = reward_kwargs(load_config([*args.overrides, f"reward.max_batch_size={args.batch}",
-                                        f"reward.num_replicas={args.replicas}"]))
+    cfg = load_config(server_overrides(args, args.batch))
+    client = reward_kwargs(cfg)["client"]
     args.request_items = args.request_items or client["max_items_per_request"]
     args.in_flight = args.in_flight or client["max_concurrency"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,14 +149,14 @@ def main() -> None:
         try:
             rates, results = timed({"reference": lambda its: reference(server.url, its),
                                     "ours": lambda its: ours(server.url, its, args.request_items, args.in_flight)},
-                                   items, args.repeats)
+                                   items, args.repeats, args.warmup)
         finally:
             server.stop()
         if not args.no_sequential:
             server = serve(args, 1, Path(tmp) / "sequential.log")
             try:
                 more_rates, more_results = timed({"sequential": lambda its: sequential(server.url, its)}, items,
-                                                 args.repeats)
+                                                 args.repeats, args.warmup)
                 rates.update(more_rates)
                 results.update(more_results)
             finally:
@@ -164,7 +174,8 @@ def main() -> None:
                       "max_reward_difference": diff, "items_with_different_rewards": differing,
                       "batch": args.batch, "request_items": args.request_items, "requests_in_flight": args.in_flight,
                       "tokens_per_item": args.tokens, "min_tokens_per_item": args.min_tokens,
-                      "repeats": args.repeats}))
+                      "repeats": args.repeats, "warmup": args.warmup,
+                      "cpus_per_replica": cfg.reward.cpus_per_replica}))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@
 - SenseVoiceSmall and the evaluation's Paraformer-zh (grpo.standins.tiny, grpo.standins.tiny_eval_asr) at their
   released sizes, token inventories padded to the released vocabulary sizes. Whisper-large-v3 (1.55B
   parameters) is not built: the realsize zero-shot set is Chinese, which Seed-TTS-eval scores with Paraformer.
-- Prompt clips: two real Mandarin AISHELL-1 recordings shipped in the `s3tokenizer` package, written as a
-  clip list (reward.prompt_speakers.clips) and as a Seed-TTS-eval `meta.lst` (eval.data_path) with short target
+- Prompt clips: two real Mandarin AISHELL-1 recordings shipped in the `s3tokenizer` package (their first
+  `model.realsize.prompt_seconds`, when set), written as a clip list (reward.prompt_speakers.clips) and as a Seed-TTS-eval `meta.lst` (eval.data_path) with short target
   sentences; the prompt speakers are then computed by CosyVoice's own frontend, as for the real download.
 """
 
@@ -63,6 +63,17 @@ def aishell_wavs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(assets.glob("*.wav"))}
 
 
+def first_seconds(wav: Path, seconds: float, out_dir: Path) -> Path:
+    """The clip's first `seconds` as a 16-bit wav in out_dir (same name and rate)."""
+    import soundfile as sf
+
+    samples, rate = sf.read(wav, dtype="int16")
+    out = out_dir / wav.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sf.write(out, samples[:round(seconds * rate)], rate, subtype="PCM_16")
+    return out
+
+
 def write_prompt_sets(cfg: DictConfig) -> None:
     """reward.prompt_speakers.clips (JSONL) and eval.data_path (meta.lst) from the profile's `prompts` list: the
     stand-ins of the hub's prompt speakers and zero-shot set, each written only when its data.sources entry is
@@ -74,7 +85,10 @@ def write_prompt_sets(cfg: DictConfig) -> None:
         if p.wav not in wavs:
             raise SystemExit(f"model.realsize.prompts: {p.wav} is not among the s3tokenizer package's wavs "
                              f"{list(wavs)}")
-        clips.append({"id": p.wav, "text": p.text, "wav": str(wavs[p.wav])})
+        wav = wavs[p.wav]
+        if r.get("prompt_seconds"):
+            wav = first_seconds(wav, r.prompt_seconds, resolve_path(cfg.exp_dir) / "models" / "aishell_prompts")
+        clips.append({"id": p.wav, "text": p.text, "wav": str(wav)})
     for k, text in enumerate(r.eval_texts):
         clip = clips[k % len(clips)]
         meta.append(f"realsize_{k:03d}|{clip['text']}|{clip['wav']}|{text}")

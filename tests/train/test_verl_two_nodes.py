@@ -1,7 +1,8 @@
 """verl's main_ppo on a two-node Ray cluster on this machine (two raylets started with `ray start`, one CPU "GPU"
 each), the reward server's replicas on both nodes, killed after its step-1 checkpoint with its whole cluster
 (SIGKILL), and started again with the same command: it ends at step 3 with every step once, in verl's own
-data order, and its FSDP checkpoint has world size 2."""
+data order, and its FSDP checkpoint has world size 2. It trains on CosyVoice's RAS with verl's token-level IS
+correction (one launch checks both: a main_ppo start costs minutes here)."""
 
 import json
 import os
@@ -15,26 +16,43 @@ from pathlib import Path
 
 import psutil
 import pytest
+from verl_checks import check_length_bounds
 
-from grpo import cluster_check
 from grpo.config import REPO_ROOT
 from grpo.layout import TrainDir
-from grpo.train import merge
+from grpo.node import cluster_check
+from grpo.train import merge, verl_launcher
 from grpo.train.metrics_log import read_metrics
 from grpo.train.verl_attempts import history, latest_components, verl_log
 
 pytestmark = pytest.mark.verl
 
 
-def token_auth(monkeypatch, token_path: Path) -> None:
+def ray_auth_from_env() -> None:
+    """Make this process's Ray read its auth settings from os.environ again. `import ray` caches them (ray 2.60
+    `_raylet` initialises RayConfig, and the C++ AuthenticationTokenLoader keeps the token it read), so a mode or
+    token path set after the import would not reach this process's `ray.init` (CI saw the join refused:
+    InvalidAuthToken). Ray's own test helper does the refresh."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    reset_auth_token_state()
+
+
+@pytest.fixture
+def token_auth(monkeypatch, tmp_path):
     """Ray's token authentication for this process and every one it starts (both raylets, the reward server,
-    the launcher, main_ppo). Ray 2.60 turns it on by itself: a `ray.init()` that starts a local cluster writes
-    ~/.ray/auth_token, and a later `ray start --head` that finds it requires it, while `ray start --address`
-    and `ray.init(address=...)` only send it with RAY_AUTH_MODE=token (CI saw the join refused: InvalidAuthToken)."""
+    the launcher, main_ppo), with a fresh token. Ray 2.60 turns it on by itself: a `ray.init()` that starts a
+    local cluster writes ~/.ray/auth_token, and a later `ray start --head` that finds it requires it, while
+    `ray start --address` and `ray.init(address=...)` only send it with RAY_AUTH_MODE=token."""
+    token_path = tmp_path / "ray_auth_token"
     token_path.write_text(secrets.token_hex(32))
     token_path.chmod(0o600)
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_path))
+    ray_auth_from_env()
+    yield token_path
+    monkeypatch.undo()           # the environment as it was, and Ray reading it again for the tests after
+    ray_auth_from_env()
 
 
 class TwoNodeCluster:
@@ -89,22 +107,27 @@ def kill_all(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-@pytest.mark.slow     # ~8 min; .ci/run runs it
-def test_main_ppo_on_two_nodes_killed_after_step_1_resumes_to_step_3(tiny_exp, tiny_cfg, tmp_path, monkeypatch):
+@pytest.mark.slow     # 8-12 min with the machine's speed; .ci/run runs it
+@pytest.mark.timeout(1800)    # two verl launches of ~5 minutes' start-up each: pytest's 900 s is a hang guard that a
+                              # slow day reaches (955 s once, beside other work); the launches keep their own bounds
+def test_main_ppo_on_two_nodes_killed_after_step_1_resumes_to_step_3(tiny_exp, tiny_cfg, tmp_path, token_auth):
     from conftest import FAST_TINY, free_port
 
-    token_auth(monkeypatch, tmp_path / "ray_auth_token")
     out, port = tmp_path / "train", free_port()
     base = [f"exp_dir={tiny_exp}", *FAST_TINY]
     train = [*base, "train.engine=verl", f"train.out_dir={out}", "train.verl.nnodes=2", "train.verl.n_gpus_per_node=1",
-             "train.total_steps=3", "train.save_freq=1", "train.batch_size=4", "train.n=4", "train.verl.timeout_s=1200"]
+             "train.total_steps=3", "train.save_freq=1", "train.batch_size=4", "train.n=4", "train.verl.timeout_s=1200",
+             # trained on CosyVoice's RAS (off-policy) with verl's decoupled token-level IS correction, within
+             # CosyVoice's length bounds (1x..3x the text's tokens)
+             "train.decoding=cosyvoice_ras", "train.rollout_is_threshold=2.0", "train.min_token_text_ratio=1",
+             "train.max_token_text_ratio=3"]
     cfg = tiny_cfg(*train[len(base):])
     ray_dir = Path(f"/tmp/grpo-ray2n-{os.getpid()}")    # short: Ray's socket paths must fit in 107 bytes
     cluster = TwoNodeCluster(ray_dir, port)
     server = None
     try:
         # every node sees what verl's workers load; a path one node lacks is named with the node
-        nodes = cluster_check.check_nodes(cluster.address, cluster_check.required_paths(cfg))
+        nodes = cluster_check.check_nodes(cluster.address, verl_launcher.required_paths(cfg))
         assert len(set(nodes)) == 2
         with pytest.raises(SystemExit, match=r"Ray node \w+ \(.*\) does not see /nonexistent/model/config.json"):
             cluster_check.check_nodes(cluster.address, ["/nonexistent/model/config.json"])
@@ -151,12 +174,20 @@ def test_main_ppo_on_two_nodes_killed_after_step_1_resumes_to_step_3(tiny_exp, t
     assert {x["attempt"] for x in training if x["step"] == 0} == {0}          # step 1: the first attempt's
     assert {x["attempt"] for x in training if x["step"] > 0} == {1}           # steps 2, 3: the resumed one's
     assert len(training) == 3 * 16
+    # RAS through verl's vLLM servers on both nodes: every training request carried it, each sample within its
+    # item's bounds; verl's rollout correction ran on it (its rollout_corr/ IS metrics in every step's row, token
+    # weights truncated at 2, and some were: RAS is off-policy)
+    assert all(x["ras"] and not x["validate"] for x in training)
+    check_length_bounds(cfg, training, validations=0)
+    assert all(0.0 < r["rollout_corr/rollout_is_mean"] <= 2.0 and r["rollout_actor_kl"] > 0 for r in rows)
+    assert any(r["rollout_corr/rollout_is_ratio_fraction_high"] > 0 for r in rows)
     resumed = [x for x in training if x["attempt"] == 1]
     # Ray's records: verl's reward workers ran on both nodes, the ledger on the head only; both replicas scored
     assert len({x["node_id"] for x in resumed}) == 2 and len({x["written_on"] for x in resumed}) == 1
     per_replica = Counter((x["replica"], x["reward_node"]) for x in resumed)
     assert len(per_replica) == 2 and len({node for _, node in per_replica}) == 2, per_replica
-    assert any(r.get("reward_nodes") == 2 for r in rows)
+    # (the rows' reward_nodes is not checked here: under RAS + IS verl's step score is not the mean of the logged
+    # scores, so metrics_log leaves the components out of the rows -- docs/training.md; the suite's run checks it)
 
     assert merge.run(cfg) == 0                       # the two ranks' shards merge into one model
     merged = TrainDir(out).merged / "step_3"
@@ -200,13 +231,13 @@ def verl_batches(cfg, steps: int) -> list[list[str]]:
 
 
 @pytest.mark.slow     # ~40 s (a head, then Ray's own connection retries); .ci/run runs it
-def test_a_client_without_the_clusters_token_is_told_so_in_one_line(tmp_path, monkeypatch):
+def test_a_client_without_the_clusters_token_is_told_so_in_one_line(token_auth, monkeypatch):
     from conftest import free_port
 
-    token_auth(monkeypatch, tmp_path / "ray_auth_token")
     head = TwoNodeCluster(Path(f"/tmp/grpo-raytok-{os.getpid()}"), free_port(), nodes=1)
     try:
         monkeypatch.delenv("RAY_AUTH_MODE")          # a client that does not send the token
+        ray_auth_from_env()
         with pytest.raises(SystemExit, match=r"cannot join the Ray cluster at 127.0.0.1:\d+ .*RAY_AUTH_MODE=token"):
             cluster_check.check_nodes(head.address, [])
     finally:
