@@ -9,8 +9,9 @@
   released sizes, token inventories padded to the released vocabulary sizes. Whisper-large-v3 (1.55B
   parameters) is not built: the realsize zero-shot set is Chinese, which Seed-TTS-eval scores with Paraformer.
 - Prompt clips: two real Mandarin AISHELL-1 recordings shipped in the `s3tokenizer` package (their first
-  `model.realsize.prompt_seconds`, when set), written as a clip list (reward.prompt_speakers.clips) and as a Seed-TTS-eval `meta.lst` (eval.data_path) with short target
-  sentences; the prompt speakers are then computed by CosyVoice's own frontend, as for the real download.
+  `model.realsize.prompt_seconds`, when set), written as a clip list (reward.prompt_speakers.clips) and as a
+  Seed-TTS-eval `meta.lst` (eval.data_path) with short target sentences; the prompt speakers are then computed
+  by CosyVoice's own frontend, as for the real download.
 """
 
 from __future__ import annotations
