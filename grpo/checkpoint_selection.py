@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from grpo.layout import TrainDir
-
-STEP = re.compile(r"^step_(\d+)$")
+from grpo.layout import TrainDir, step_of
 
 
 def trained_checkpoints(cfg: DictConfig) -> dict[str, Path]:
@@ -20,9 +17,9 @@ def trained_checkpoints(cfg: DictConfig) -> dict[str, Path]:
     for root in (files.local_checkpoints, files.merged):
         if root.is_dir():
             for p in root.iterdir():
-                m = STEP.match(p.name)
-                if m and (p / "config.json").exists():
-                    found[int(m.group(1))] = p
+                step = step_of(p.name)
+                if step is not None and (p / "config.json").exists():
+                    found[step] = p
     return {f"step_{s}": found[s] for s in sorted(found)}
 
 

@@ -16,8 +16,18 @@ properties below, so renaming one is a one-line change.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_of(name: str) -> int | None:
+    """N of a checkpoint named step_N (the local engine's checkpoints, merged verl ones, their evaluation TSVs),
+    else None."""
+    m = STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
 
 
 def server_log(exp_dir: str | Path) -> Path:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
 from grpo.evaluate import stats
 from grpo.evaluate.cer import mean_error_rate
 from grpo.evaluate.html_report import SYNTHETIC_SPEAKER
-from grpo.layout import EvalDir
+from grpo.layout import EvalDir, step_of
 
 # tokens: speech tokens generated; wav: the audio's path relative to eval.out_dir ("" when none was written)
 TSV_HEADER = ["id", "sample", "language", "reference", "transcript", "error_rate", "tokens", "sim", "wav"]
@@ -70,7 +69,9 @@ def _with_interval(per_item: dict[str, float], resamples: int, seed: int, mean=m
 def checkpoint_names(out_dir: Path) -> list[str]:
     """The checkpoints with a TSV: base first, then steps in order, then any others."""
     names = [p.stem for p in out_dir.glob("*.tsv")]
-    step = lambda n: int(m.group(1)) if (m := re.fullmatch(r"step_(\d+)", n)) else math.inf   # noqa: E731
+    def step(name: str) -> float:
+        n = step_of(name)
+        return math.inf if n is None else n
     return sorted(names, key=lambda n: (n != "base", step(n), n))
 
 

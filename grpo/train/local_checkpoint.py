@@ -8,18 +8,17 @@ half-written `step_N/`; resuming picks the highest complete step.
 from __future__ import annotations
 
 import random
-import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from grpo.layout import step_of
 from grpo.model.convert import EXTRA_FILE
 from grpo.model.speech_vocab import SPEECH_TOKENS_FILE
 
 STATE_FILE = "trainer_state.pt"
-STEP_DIR = re.compile(r"^step_(\d+)$")
 # files of the converted base model that every checkpoint carries along
 CARRIED_FILES = (SPEECH_TOKENS_FILE, EXTRA_FILE)
 
@@ -56,9 +55,9 @@ def list_steps(ckpt_root: Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for p in ckpt_root.iterdir():
-        m = STEP_DIR.match(p.name)
-        if m and (p / STATE_FILE).exists():
-            found.append((int(m.group(1)), p))
+        step = step_of(p.name)
+        if step is not None and (p / STATE_FILE).exists():
+            found.append((step, p))
     return sorted(found)
 
 

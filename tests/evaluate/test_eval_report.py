@@ -108,3 +108,24 @@ def test_summary_prints_each_extra_set(tmp_path, capsys):
     main, seen = out.split("seen set:")
     assert "final CER 0.3000 (step_200; -0.2000 (-40.0%) vs base)" in main
     assert "final CER 0.1000 (step_200; -0.3000 (-75.0%) vs base)" in seen
+
+
+def test_checkpoints_follow_their_step_numbers_not_their_names(tmp_path):
+    """step_10 after step_2 (a name sort puts it first): in the report's order and in stage 4's selection, where a
+    merged verl checkpoint wins over a local one of the same step and a folder that is no step_N is no checkpoint."""
+    from omegaconf import OmegaConf
+
+    from grpo.checkpoint_selection import trained_checkpoints
+    from grpo.layout import TrainDir
+
+    for name in ("step_10", "base", "step_2", "other"):
+        (tmp_path / f"{name}.tsv").write_text("")
+    assert report.checkpoint_names(tmp_path) == ["base", "step_2", "step_10", "other"]
+
+    files = TrainDir(tmp_path / "train")
+    for root, name in ((files.local_checkpoints, "step_10"), (files.local_checkpoints, "step_2"),
+                       (files.merged, "step_2"), (files.local_checkpoints, "step_x")):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.json").write_text("{}")
+    found = trained_checkpoints(OmegaConf.create({"train": {"out_dir": str(tmp_path / "train")}}))
+    assert list(found) == ["step_2", "step_10"] and found["step_2"] == files.merged / "step_2"
