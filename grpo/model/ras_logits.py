@@ -12,7 +12,7 @@ replaces the last step's placeholder (-1) with the sampled id before a custom pr
 (vllm/v1/worker/gpu_input_batch.py, update_async_output_token_ids); a placeholder still in a window is an error,
 never a silently shorter history. The rows become log P_ras; vLLM then samples softmax(row) (temperature 1, no
 top-k/top-p), i.e. P_ras. Registering the processor at all makes vLLM keep every request's output ids on the host,
-so engines register it only when some request decodes with RAS (grpo.decoding.needs_ras).
+so engines register it only when some request decodes with RAS (grpo.decoding.logits_processors).
 """
 
 from __future__ import annotations
