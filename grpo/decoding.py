@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:                   # torch only where probabilities are computed: the launcher reads presets alone
+    import torch
 
 PRESETS = ("cosyvoice_ras", "cosyvoice_vllm", "plain")
 RAS_KEY = "cosyvoice_ras"          # SamplingParams.extra_args key that turns the processor on for a request
@@ -90,6 +92,8 @@ def ras_probs_batch(scores: torch.Tensor, windows: torch.Tensor, top_p: torch.Te
     win_size generated ids in column space, -1 where there is none. top_p, top_k, repeat_at (= win_size * tau_r)
     and masked (the column held back before min_len, -1 from min_len on): one value per row. max_top_k: the
     largest top_k, a host int (it sizes the nucleus slice, so reading it from the device would sync)."""
+    import torch
+
     scores = scores.float().clone()
     cols = scores.shape[1]
     held = masked.clamp(min=0)[:, None]
@@ -137,6 +141,8 @@ def ras_probs_batch(scores: torch.Tensor, windows: torch.Tensor, top_p: torch.Te
 def ras_probs(logits: torch.Tensor, history: list[int], cfg: RASConfig, masked_id: int | None = None) -> torch.Tensor:
     """P_ras over the vocabulary for one step (float32). `history`: the tokens generated so far; `masked_id`: the
     id whose score is -inf before min_len (row `speech_token_size`), None from min_len on."""
+    import torch
+
     window = history[-cfg.win_size:]                     # Python's slice, as upstream's decoded_tokens[-win_size:]
     device = logits.device
 

@@ -70,3 +70,18 @@ def combine(components: dict[str, float], weights: dict[str, float]) -> float:
     if missing:
         raise ValueError(f"reward component(s) {missing} have weight but no value (backend cannot give them?)")
     return sum(w * components[name] for name, w in active.items()) / sum(active.values())
+
+
+COMBINES = ("weighted_mean", "group_normalized")
+
+
+def gdpo_components(reward_cfg) -> tuple[list[str], list[float]] | None:
+    """For reward.combine=group_normalized: the compute_score keys of the weighted components and their weights
+    (verl's algorithm.gdpo_reward_keys / gdpo_reward_weights); None for the weighted mean."""
+    combine = reward_cfg.get("combine", "weighted_mean")
+    if combine not in COMBINES:
+        raise ValueError(f"reward.combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+    if combine == "weighted_mean":
+        return None
+    active = [(f"reward_{name}", float(w)) for name, w in reward_cfg.weights.items() if w > 0]
+    return [k for k, _ in active], [w for _, w in active]

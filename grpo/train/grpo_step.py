@@ -100,21 +100,6 @@ def grpo_advantages(batch: RolloutBatch, norm_by_std: bool) -> torch.Tensor:
     return adv
 
 
-COMBINES = ("weighted_mean", "group_normalized")
-
-
-def gdpo_components(reward_cfg) -> tuple[list[str], list[float]] | None:
-    """For reward.combine=group_normalized: the compute_score keys of the weighted components and their weights
-    (verl's algorithm.gdpo_reward_keys / gdpo_reward_weights); None for the weighted mean."""
-    combine = reward_cfg.get("combine", "weighted_mean")
-    if combine not in COMBINES:
-        raise ValueError(f"reward.combine must be one of {', '.join(COMBINES)}, got {combine!r}")
-    if combine == "weighted_mean":
-        return None
-    active = [(f"reward_{name}", float(w)) for name, w in reward_cfg.weights.items() if w > 0]
-    return [k for k, _ in active], [w for _, w in active]
-
-
 def group_normalized_advantages(batch: RolloutBatch, keys: list[str], weights: list[float],
                                 norm_by_std: bool) -> torch.Tensor:
     """GDPO through verl's own estimator (core_algos.compute_gdpo_outcome_advantage), as main_ppo calls it with

@@ -24,12 +24,12 @@ from grpo.decoding import length_bounds, request_seed, rollout_correction, text_
 from grpo.layout import TrainDir
 from grpo.model.speech_vocab import SpeechVocab
 from grpo.node.device import resolve as resolve_device
+from grpo.speech.components import gdpo_components
 from grpo.train import local_checkpoint as checkpoint
 from grpo.train.grpo_step import (
     actor_config,
     build_batch,
     filter_groups,
-    gdpo_components,
     group_normalized_advantages,
     grpo_advantages,
     log_probs,

@@ -19,16 +19,12 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 from grpo.decoding import RAS_KEY, RAS_PROCESSOR, capped, length_bounds, sampling_kwargs, text_token_count
 from grpo.model.speech_vocab import SpeechVocab
-
-AGENT_NAME = "speech_token_agent"
-AGENT_LOOP_CONFIG = Path(__file__).with_suffix(".yaml")
 
 
 @lru_cache(maxsize=8)

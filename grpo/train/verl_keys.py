@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from grpo.config import REPO_ROOT
-from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, AGENT_NAME
+
+# this project's agent loop (grpo/train/verl_agent_loop.py) as verl's registry names it, and the registry file
+AGENT_NAME = "speech_token_agent"
+AGENT_LOOP_CONFIG = Path(__file__).with_name("verl_agent_loop.yaml")
 
 # main_ppo's keys that take one of ours as it is: verl key <- config key
 VERL_FROM_CONFIG = {

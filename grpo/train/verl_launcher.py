@@ -27,12 +27,11 @@ from grpo.config import REPO_ROOT
 from grpo.decoding import logits_processors, rollout_correction
 from grpo.layout import TrainDir
 from grpo.node.cluster_check import check_nodes
-from grpo.train.grpo_step import gdpo_components
+from grpo.speech.components import gdpo_components
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
 from grpo.train.reward_fn import reward_kwargs
-from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG
 from grpo.train.verl_attempts import merged_verl_rows, start_attempt
-from grpo.train.verl_keys import VERL_FIXED, VERL_FROM_CONFIG
+from grpo.train.verl_keys import AGENT_LOOP_CONFIG, VERL_FIXED, VERL_FROM_CONFIG
 from grpo.train.verl_watch import kill_tree, watch
 
 log = logging.getLogger(__name__)

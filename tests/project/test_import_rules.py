@@ -187,6 +187,8 @@ print(",".join(sorted(m for m in sys.argv[2].split(",") if m in sys.modules)))""
     ("grpo.speech.asr", "ray,verl"),
     ("grpo.speech.scoring", "ray,verl"),
     ("grpo.data.stage", "ray,verl,vllm,reward_server"),                    # stage 0
+    # stage 2's driver waits beside main_ppo through the run's peak: verl and vLLM load in its workers, not here
+    ("grpo.train.verl_launcher", "ray,verl,vllm,grpo.train.grpo_step,grpo.train.verl_agent_loop"),
 ])
 def test_what_a_module_pulls_in_transitively(module, forbidden):
     """In a fresh interpreter: importing stage 4's driver loads neither verl, the reward client nor the trainer (it

@@ -7,11 +7,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.model.speech_vocab import SpeechVocab
+from grpo.speech.components import gdpo_components
 from grpo.train.grpo_step import (
     actor_config,
     build_batch,
     filter_groups,
-    gdpo_components,
     group_normalized_advantages,
     grpo_advantages,
     log_probs,

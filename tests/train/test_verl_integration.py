@@ -196,7 +196,8 @@ def test_agent_loop_passes_the_stop_ids_to_vllm(tiny_cfg):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.workers.rollout.replica import TokenOutput
 
-    from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG, SpeechTokenAgentLoop, speech_sampling_params
+    from grpo.train.verl_agent_loop import SpeechTokenAgentLoop, speech_sampling_params
+    from grpo.train.verl_keys import AGENT_LOOP_CONFIG
 
     cfg = tiny_cfg()
     vocab = SpeechVocab.load(cfg.model.hf_dir)
@@ -356,7 +357,7 @@ def recording_agent_loop(cfg, config):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.workers.rollout.replica import TokenOutput
 
-    from grpo.train.verl_agent_loop import AGENT_LOOP_CONFIG
+    from grpo.train.verl_keys import AGENT_LOOP_CONFIG
 
     vocab = SpeechVocab.load(cfg.model.hf_dir)
     calls = []
