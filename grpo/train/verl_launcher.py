@@ -54,7 +54,8 @@ def _value(v) -> str:
     return s if s.replace("_", "").replace("-", "").replace(".", "").replace("/", "").isalnum() else f"'{s}'"
 
 
-# verl on a machine without CUDA (grpo/train/verl_cpu.py): one CPU "GPU", eager vLLM without sleep mode,
+# verl on a machine without CUDA (grpo/train/verl_cpu.py): one CPU "GPU", eager vLLM (sleeping between steps as on
+# GPUs: grpo/upstream/vllm_cpu.py),
 # one reward worker / agent worker / TransferQueue storage unit (each default of 8 holds ~0.6 GB)
 CPU_OVERRIDES = {
     "trainer.device": "cpu",
@@ -63,8 +64,6 @@ CPU_OVERRIDES = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "actor_rollout_ref.rollout.enforce_eager": True,
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.05,   # vllm-cpu: a share of the machine's RAM
-    "actor_rollout_ref.rollout.free_cache_engine": False,
-    "++actor_rollout_ref.rollout.enable_sleep_mode": False,     # a RolloutConfig field missing from verl's yaml
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,   # at least the largest tensor
     "actor_rollout_ref.rollout.agent.num_workers": 1,
     "reward.num_workers": 1,

