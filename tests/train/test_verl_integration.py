@@ -425,7 +425,8 @@ CPU_JOB = {
 CPU_RAY = {"address": "local", "num_gpus": 1, "num_cpus": 16, "include_dashboard": False}
 CPU_PROCESS_ENV = {"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "grpo.train.verl_cpu",
                    "VERL_ENGINE_DEVICE": "cuda", "VLLM_TARGET_DEVICE": "cpu",
-                   "RAY_memory_usage_threshold": "0.98", "RAY_memory_monitor_refresh_ms": "0"}
+                   "RAY_memory_usage_threshold": "0.98", "RAY_memory_monitor_refresh_ms": "0",
+                   "MALLOC_MMAP_THRESHOLD_": "1048576"}      # glibc unmaps what the workers free (1 MiB and up)
 
 
 def test_every_cpu_override_reaches_verls_job_config(tiny_cfg):
