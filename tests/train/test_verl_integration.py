@@ -502,8 +502,7 @@ def test_main_ppo_is_started_with_the_cpu_environment(tiny_cfg, tmp_path, monkey
         return real_popen([sys.executable, "-c", "pass"], **kwargs)
 
     monkeypatch.setattr(verl_launcher.subprocess, "Popen", record)
-    monkeypatch.setattr(verl_launcher, "cuda_available", lambda: False)
-    cfg = tiny_cfg("train.engine=verl", f"train.out_dir={tmp_path}")
+    cfg = tiny_cfg("train.engine=verl", f"train.out_dir={tmp_path}", "device=cpu")
     assert verl_launcher.run(cfg) == 0
     env = started["env"]
     assert {k: env.get(k) for k in CPU_PROCESS_ENV} == CPU_PROCESS_ENV
