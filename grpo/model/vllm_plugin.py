@@ -38,7 +38,6 @@ def register() -> None:
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, CosyVoiceLMForCausalLM)
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":   # verl's CPU run (grpo/train/verl_cpu.py)
-        from grpo.upstream.vllm_cpu import patch_vllm_cpu_sleep, patch_vllm_keep_linear_weights
+        from grpo.upstream import vllm_cpu
 
-        patch_vllm_keep_linear_weights()
-        patch_vllm_cpu_sleep()
+        vllm_cpu.install()

