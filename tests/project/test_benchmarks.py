@@ -34,7 +34,7 @@ def test_server_benchmark_three_ways_agree(tiny_exp):
 def test_gpu_reward_benchmark_smoke_on_cpu(family):
     """benchmarks/gpu_reward.py at the real model sizes, two short items on this CPU (a real-size flow pass costs
     seconds per frame here: items of 10-12 tokens on a 12-token prompt, no warm-up pass). In the real-size tier
-    (`bash run.sh test -m realsize`, CI's last step) with the other real-size reward checks: ~2 min of the suite."""
+    (`bash run.sh test -m realsize`, CI's last step) with the other real-size reward checks (~90 s for both)."""
     result = run_benchmark("benchmarks/gpu_reward.py", "--family", family, "--items", "2", "--tokens", "12",
                            "--min-tokens", "10", "--prompt-tokens", "12", "--repeats", "1", "--device", "cpu",
                            "--one-bucket", "--no-warmup")
