@@ -194,54 +194,48 @@ def assert_exact_rewards(codebook, items, results):
         assert res["reward"] == pytest.approx(expected(codebook, it["tokens"], it["text"], it["language"])[0])
 
 
-def test_killed_replica_recovers_through_client_retries(tiny_exp, codebook, tmp_path):
-    """A replica killed while it holds requests: those fail (500), the client retries, the new replica answers.
-    The batch window is long (2 s) so that the kill certainly meets items inside the replica."""
-    server = own_server(tiny_exp, tmp_path, "reward.max_batch_size=64", "reward.batch_wait_timeout_s=2.0")
+def test_a_killed_replica_then_one_with_a_sticky_fault_are_replaced_and_the_client_rides_through(
+        tiny_exp, codebook, tmp_path):
+    """One server (a start costs ~15 s here), a replica lost two ways. Killed while it holds requests: those fail
+    (500), the client retries, the new replica answers; the batch window is long (2 s) so that the kill certainly
+    meets items inside the replica. Then a sticky fault: the first replica to see the fault file fails every call
+    from then on (as with a broken GPU); after 2 failures in a row its health check fails, Serve replaces it, and
+    the client's time-budgeted retries get every reward from the newer replica."""
+    fault = tmp_path / "sticky-fault"
+    server = own_server(tiny_exp, tmp_path, "reward.max_batch_size=64", "reward.batch_wait_timeout_s=2.0",
+                        f"reward.inject_sticky_fault_file={fault}", "reward.unhealthy_after_failures=2",
+                        "reward.health_check_period_s=1")
     rng = random.Random(11)
     items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(40)]
-    old_pid = httpx.get(f"{server.url}/health").json()["pid"]
-    client = RewardClient(ClientConfig(server.url, timeout_s=60, retries=10, backoff_s=0.5))
-
-    async def run():
-        tasks = [asyncio.create_task(client.score_one(it)) for it in items]
-        deadline = time.monotonic() + 30
-        while await asyncio.to_thread(in_flight, server.url) < len(items):    # all held in the replica's batch
-            assert time.monotonic() < deadline, "the items never reached the replica"
-            await asyncio.sleep(0.05)
-        os.kill(old_pid, signal.SIGKILL)
-        results = await asyncio.gather(*tasks)
-        await client.aclose()
-        return results
-
     try:
+        old_pid = httpx.get(f"{server.url}/health").json()["pid"]
+        client = RewardClient(ClientConfig(server.url, timeout_s=60, retries=10, backoff_s=0.5))
+
+        async def run():
+            tasks = [asyncio.create_task(client.score_one(it)) for it in items]
+            deadline = time.monotonic() + 30
+            while await asyncio.to_thread(in_flight, server.url) < len(items):    # all held in the replica's batch
+                assert time.monotonic() < deadline, "the items never reached the replica"
+                await asyncio.sleep(0.05)
+            os.kill(old_pid, signal.SIGKILL)
+            results = await asyncio.gather(*tasks)
+            await client.aclose()
+            return results
+
         assert_exact_rewards(codebook, items, asyncio.run(run()))
-        assert httpx.get(f"{server.url}/health", timeout=120).json()["pid"] != old_pid
+        killed_pid, old_pid = old_pid, httpx.get(f"{server.url}/health", timeout=120).json()["pid"]
+        assert old_pid != killed_pid
         assert client.retries_made > 0
-    finally:
-        server.stop()
 
-
-def test_a_replica_with_a_sticky_fault_is_replaced_and_the_client_rides_through(tiny_exp, codebook, tmp_path):
-    """The first replica to see the fault file fails every call from then on (as with a broken GPU): after 2
-    failures in a row its health check fails, Serve replaces it, and the client's time-budgeted retries get
-    every reward from the new replica."""
-    fault = tmp_path / "sticky-fault"
-    server = own_server(tiny_exp, tmp_path, f"reward.inject_sticky_fault_file={fault}",
-                        "reward.unhealthy_after_failures=2", "reward.health_check_period_s=1")
-    rng = random.Random(13)
-    items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(20)]
-    old_pid = httpx.get(f"{server.url}/health").json()["pid"]
-    client = RewardClient(ClientConfig(server.url, timeout_s=30, retry_budget_s=120, backoff_s=0.5))
-
-    try:
+        items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(20)]
+        client = RewardClient(ClientConfig(server.url, timeout_s=30, retry_budget_s=120, backoff_s=0.5))
         fault.touch()
         results = score_all(client, items)
         assert not fault.exists()                                  # a replica took the fault
         assert_exact_rewards(codebook, items, results)
         assert client.retries_made > 0
         health = httpx.get(f"{server.url}/health", timeout=60)
-        assert health.status_code == 200 and health.json()["pid"] != old_pid
+        assert health.status_code == 200 and health.json()["pid"] not in (old_pid, killed_pid)
     finally:
         server.stop()
 
@@ -366,12 +360,16 @@ def test_serve_already_running_elsewhere_is_restarted_alone_and_refused_beside_o
         shutil.rmtree(ray_dir, ignore_errors=True)
 
 
-def test_a_burst_through_the_client_reaches_every_replica(tiny_exp, codebook, tmp_path):
+def test_a_burst_through_the_client_reaches_every_replica_each_on_its_cpu_share(tiny_exp, codebook, tmp_path,
+                                                                               monkeypatch):
     """The training client sends a step's burst as small requests, a bounded number in flight, so each is routed
     as a replica frees up and every replica works (all at once, they can all land on one replica). Right after
     start-up the proxy's router may know one replica only: the test first waits until /health answers from
-    both."""
-    server = own_server(tiny_exp, tmp_path, "reward.num_replicas=2", "reward.max_batch_size=32")
+    both. Each replica's torch threads are reward.cpus_per_replica (1), even with OMP_NUM_THREADS=2 in the node's
+    environment (Ray then leaves it as is, and every replica on the host would use that many threads)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    server = own_server(tiny_exp, tmp_path, "reward.num_replicas=2", "reward.max_batch_size=32",
+                        "reward.cpus_per_replica=1")
     rng = random.Random(17)
     items = [item(i, codebook, rng, correct=rng.random() < 0.5) for i in range(256)]
     from grpo.config import load_config
@@ -380,27 +378,16 @@ def test_a_burst_through_the_client_reaches_every_replica(tiny_exp, codebook, tm
     kwargs = reward_kwargs(load_config([f"exp_dir={tiny_exp}", "reward.max_batch_size=32", "reward.num_replicas=2"]))
     client = RewardClient(ClientConfig(server.url, max_items_per_request=kwargs["client"]["max_items_per_request"],
                                        max_concurrency=kwargs["client"]["max_concurrency"]))
-    deadline, seen = time.monotonic() + 60, set()
-    while len(seen) < 2:
-        assert time.monotonic() < deadline, f"the proxy routes to {seen} only"
-        seen.add(httpx.get(f"{server.url}/health").json()["replica"])
-
     try:
+        deadline, threads = time.monotonic() + 60, {}
+        while len(threads) < 2:
+            assert time.monotonic() < deadline, f"the proxy routes to {set(threads)} only"
+            health = httpx.get(f"{server.url}/health").json()
+            threads[health["replica"]] = health["torch_threads"]
+        assert set(threads.values()) == {1}, threads
         results = score_all(client, items)
         assert_exact_rewards(codebook, items, results)
         per_replica = Counter(r["replica"] for r in results)
         assert len(per_replica) == 2 and min(per_replica.values()) >= 64, per_replica    # a fair share each
-    finally:
-        server.stop()
-
-
-
-def test_a_replica_uses_its_cpu_share_whatever_the_environment_says(tiny_exp, tmp_path, monkeypatch):
-    """torch threads in a replica = reward.cpus_per_replica, even when the node's environment sets OMP_NUM_THREADS
-    (Ray then leaves it as is, and every replica on the host would use that many threads)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    server = own_server(tiny_exp, tmp_path, "reward.cpus_per_replica=1")
-    try:
-        assert httpx.get(f"{server.url}/health").json()["torch_threads"] == 1
     finally:
         server.stop()
