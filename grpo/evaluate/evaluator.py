@@ -157,6 +157,10 @@ class Evaluator:
             if not self.prompt_wavs:
                 log.warning("eval.speaker_model is set but no item has a prompt_wav: no speaker similarity")
 
+    def close(self) -> None:
+        """Shut the vLLM engine down (in-process, it holds its memory until then: grpo.train.rollout)."""
+        self.engine.close()
+
     def _judge(self, name: str):
         """An ASR by name: a transcribe(wavs, languages) model, or a Codebook (synthetic judges read tokens)."""
         if name in SYNTHETIC_JUDGES:

@@ -45,8 +45,11 @@ def _evaluate_shard(cfg: dict, items: list, indices: list[int], gpu: str | None,
 
     setup_logging()
     evaluator = Evaluator(OmegaConf.create(cfg), items, indices)
-    return {"inputs": evaluator.inputs,
-            "scored": {name: evaluator.evaluate(name, path) for name, path in checkpoints.items()}}
+    try:
+        return {"inputs": evaluator.inputs,
+                "scored": {name: evaluator.evaluate(name, path) for name, path in checkpoints.items()}}
+    finally:
+        evaluator.close()
 
 
 def evaluate_parallel(cfg: DictConfig, items: list, checkpoints: dict, workers: int) -> tuple[list, dict]:

@@ -18,7 +18,11 @@ def run(cfg: DictConfig) -> int:
     if cfg.train.engine == "local":
         from grpo.train.local_engine import LocalGRPOTrainer
 
-        LocalGRPOTrainer(cfg).fit()
+        trainer = LocalGRPOTrainer(cfg)
+        try:
+            trainer.fit()
+        finally:
+            trainer.close()
         return 0
     if cfg.train.engine == "verl":
         from grpo.train import verl_launcher

@@ -239,6 +239,10 @@ class LocalGRPOTrainer:
                  "epoch": self.epoch, "offset": self.offset}
         return checkpoint.save(self.ckpt_root, self.step, self.model, self.tokenizer, self.base_dir, state)
 
+    def close(self) -> None:
+        """Release the rollout engine (an in-process vLLM engine holds its memory until shut down)."""
+        self.rollout.close()
+
     def fit(self) -> Path:
         t = self.cfg.train
         if self.step >= t.total_steps:

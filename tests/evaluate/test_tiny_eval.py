@@ -49,6 +49,8 @@ def test_synthetic_speaker_model_scores_the_rewards_sim(tiny_cfg, tmp_path, monk
 
 def test_extra_sets_are_scored_into_their_own_folder(tiny_cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate.Evaluator, "generate", fixed_tokens)
+    closed, close = [], evaluate.Evaluator.close
+    monkeypatch.setattr(evaluate.Evaluator, "close", lambda self: (closed.append(self.engine), close(self)))
     out = tmp_path / "eval"
     extra = "[{name: seen, data_path: data/zero_shot_tiny_seen.jsonl, max_items: 2}]"
     cfg = tiny_cfg(f"eval.out_dir={out}", "eval.checkpoints=[base]", "eval.max_items=3", "eval.num_samples=1",
@@ -59,6 +61,7 @@ def test_extra_sets_are_scored_into_their_own_folder(tiny_cfg, tmp_path, monkeyp
     seen_ids = [line.split("\t")[0] for line in (EvalDir(out).extra("seen").tsv("base")).read_text().splitlines()[1:]]
     shipped = Path("data/zero_shot_tiny_seen.jsonl").read_text().splitlines()
     assert seen_ids == [json.loads(line)["id"] for line in shipped[:2]]
+    assert len(closed) == 2 and all(e.llm is None for e in closed)   # each set's vLLM engine shut down after it
     with pytest.raises(ValueError, match="eval.extra_sets"):
         eval_stage.run(tiny_cfg(f"eval.out_dir={out}", "eval.extra_sets=[{name: x}]"))
 
