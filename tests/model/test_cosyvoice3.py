@@ -271,3 +271,4 @@ def test_vllm_serves_the_cosyvoice3_head(tiny3_cfg):
     ref = full[len(prompt) - 1:-1].gather(-1, torch.tensor(ids)[:, None])[:, 0]
     got = torch.tensor([step[t].logprob for step, t in zip(out.logprobs, ids)])
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
+    engine.close()

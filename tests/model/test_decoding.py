@@ -352,3 +352,4 @@ def test_vllm_samples_from_the_ras_distribution(tiny_cfg):
     top = logits[0].topk(25)
     want = (logits[0][ids[0]] - top.values.logsumexp(0)) if ids[0] in top.indices else None
     assert want is not None and logprobs[0][ids[0]].logprob == pytest.approx(float(want), abs=2e-3)
+    rollout.close()

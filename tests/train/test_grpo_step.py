@@ -197,3 +197,4 @@ def test_rollouts_are_speech_only_and_reproducible_per_seed(tiny_policy, backend
         for resp in group:
             assert resp and all(t in allowed for t in resp)
             assert all(t not in stops for t in resp[:-1])      # a stop id can only end a response
+    engine.close()

@@ -51,6 +51,7 @@ def test_vllm_weights_follow_the_policy_after_an_update(tiny_cfg, synthetic_serv
     trainer.reward_kwargs["on_failure"] = "exclude"
     metrics = trainer.train_step(3)
     assert metrics["reward_failures"] == 16 and metrics["update_skipped"] == 1
+    trainer.close()
 
 
 def test_every_rollout_keeps_its_items_length_bounds(tiny_cfg, synthetic_server, tmp_path):
@@ -86,6 +87,7 @@ def test_every_rollout_keeps_its_items_length_bounds(tiny_cfg, synthetic_server,
                 speech = [t for t in resp if t not in stops]
                 assert len(resp) <= hi and len(speech) >= lo, (n, len(resp), len(speech))
                 assert not stops & set(resp[:lo])
+        trainer.close()
 
 
 def test_ras_rollouts_are_reweighted_by_verls_truncated_token_is(tiny_cfg, synthetic_server, tmp_path, monkeypatch):
@@ -156,6 +158,7 @@ def test_ras_rollouts_are_reweighted_by_verls_truncated_token_is(tiny_cfg, synth
     assert str(err.value).startswith("rollout log-probs are NaN or inf at 1 of ") and "\n" not in str(err.value)
     assert "train.rollout.dtype=float32" in str(err.value)
     assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    trainer.close()
 
 
 def test_group_normalised_rewards_in_the_local_engine(tiny_cfg, synthetic_server, tmp_path, monkeypatch):
@@ -191,6 +194,7 @@ def test_group_normalised_rewards_in_the_local_engine(tiny_cfg, synthetic_server
     got = adv.numpy()
     assert np.allclose(got[mask], np.repeat(expected, mask.sum(1)), atol=1e-4) and not got[~mask].any()
     assert np.abs(expected).max() > 0.1
+    trainer.close()
 
 
 def train_cmd(exp_dir, out_dir, port, *extra):
