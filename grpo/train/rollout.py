@@ -110,12 +110,18 @@ class VLLMRollout:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
 
     def close(self) -> None:
-        """Shut the engine down: an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) keeps its KV cache and
-        weights (~0.5 GB on the CPU here) until then, even once nothing refers to it (vllm 0.28.0); with a
-        separate engine process, that process ends. Idempotent."""
+        """Shut the engine down (`shutdown_engine`). Idempotent."""
         if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown()   # vllm 0.28.0: LLM and LLMEngine have no shutdown
+            shutdown_engine(self.llm)
             self.llm = None
+
+
+def shutdown_engine(llm) -> None:
+    """Shut a `vllm.LLM`'s engine down: an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) keeps its KV cache
+    and weights (~0.5 GB for the tiny model on the CPU here) until then, even once nothing refers to it; with a
+    separate engine process, that process ends. vllm 0.28.0: neither LLM nor LLMEngine has a shutdown of its own,
+    the engine-core client does (vllm/v1/engine/core_client.py)."""
+    llm.llm_engine.engine_core.shutdown()
 
 
 class TransformersRollout:

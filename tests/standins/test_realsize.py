@@ -232,6 +232,7 @@ def test_vllm_logprobs_match_transformers_at_real_size(realsize_cfg):
 
     from grpo.model.cosyvoice_lm import CosyVoiceLMForCausalLM
     from grpo.model.speech_vocab import SpeechVocab
+    from grpo.train.rollout import shutdown_engine
 
     hf_dir = str(realsize_cfg.model.hf_dir)
     vocab = SpeechVocab.load(hf_dir)
@@ -245,7 +246,7 @@ def test_vllm_logprobs_match_transformers_at_real_size(realsize_cfg):
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0]
     sampled = list(out.token_ids)
     vllm_lp = torch.tensor([lp[t].logprob for lp, t in zip(out.logprobs, sampled)])
-    llm.llm_engine.engine_core.shutdown()     # in-process, the engine keeps its ~2 GB until then (vllm 0.28.0)
+    shutdown_engine(llm)                      # in-process, the engine keeps its ~2 GB until then
     del llm
     model = CosyVoiceLMForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
