@@ -161,6 +161,12 @@ class Evaluator:
         """Shut the vLLM engine down (in-process, it holds its memory until then: grpo.train.rollout)."""
         self.engine.close()
 
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _judge(self, name: str):
         """An ASR by name: a transcribe(wavs, languages) model, or a Codebook (synthetic judges read tokens)."""
         if name in SYNTHETIC_JUDGES:

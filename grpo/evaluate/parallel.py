@@ -44,12 +44,9 @@ def _evaluate_shard(cfg: dict, items: list, indices: list[int], gpu: str | None,
     from grpo.evaluate.evaluator import Evaluator
 
     setup_logging()
-    evaluator = Evaluator(OmegaConf.create(cfg), items, indices)
-    try:
+    with Evaluator(OmegaConf.create(cfg), items, indices) as evaluator:
         return {"inputs": evaluator.inputs,
                 "scored": {name: evaluator.evaluate(name, path) for name, path in checkpoints.items()}}
-    finally:
-        evaluator.close()
 
 
 def evaluate_parallel(cfg: DictConfig, items: list, checkpoints: dict, workers: int) -> tuple[list, dict]:

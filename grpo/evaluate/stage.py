@@ -76,11 +76,8 @@ def evaluate_set(cfg: DictConfig) -> None:
         for name in checkpoints:
             write(name, scored[name])
     else:             # one process: each checkpoint's report is written as soon as it is scored
-        evaluator = Evaluator(cfg, items)
-        try:
+        with Evaluator(cfg, items) as evaluator:
             write_inputs(EvalDir(e.out_dir).inputs, evaluator.inputs)
             for name, path in checkpoints.items():
                 write(name, evaluator.evaluate(name, path))
-        finally:
-            evaluator.close()
     report.render(Path(e.out_dir), list(checkpoints), e)
