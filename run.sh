@@ -11,7 +11,7 @@
 # Usage:
 #   bash run.sh                          the whole pipeline on the tiny profile (sets up .venv if missing)
 #   bash run.sh setup                    create/update .venv
-#   bash run.sh test [pytest args]       the test suite (slow tests opt-in: -m slow)
+#   bash run.sh test [pytest args]       the test suite on 2 xdist workers (slow tests opt-in: -m slow, in one process)
 #   bash run.sh test fast [pytest args]  the unit tier: no server, vLLM engine, verl or model past the tiny one (~3 min)
 #   bash run.sh START STOP [key=value]   stages START..STOP with Hydra overrides, e.g.
 #                                        bash run.sh 0 0 data.train_file=my.jsonl
@@ -44,10 +44,18 @@ case "${1:-}" in
       shift
       marker=(-m "not slow and not server and not vllm and not verl and not realsize and not fullsize")
     fi
+    # the default and fast tiers run on GRPO_TEST_WORKERS pytest-xdist workers (2: this machine's cores; each
+    # worker's torch gets its share of them, tests/conftest.py), a test file per worker at a time (--dist loadfile:
+    # a file's fixtures and servers stay in one process). A -m of the caller's (the slow and real-size tiers, each
+    # near the memory limit alone), a -n or -p no:xdist runs as asked
+    workers=(-n "${GRPO_TEST_WORKERS:-2}" --dist loadfile)
     for arg in "$@"; do
-      case "$arg" in -m|-m*|--markexpr|--markexpr=*) marker=() ;; esac
+      case "$arg" in
+        -m|-m*|--markexpr|--markexpr=*) marker=(); workers=() ;;
+        -n|-n*|--numprocesses|--numprocesses=*|no:xdist|-pno:xdist) workers=() ;;
+      esac
     done
-    exec "$PY" -m pytest ${marker[@]+"${marker[@]}"} "$@" ;;
+    exec "$PY" -m pytest ${marker[@]+"${marker[@]}"} ${workers[@]+"${workers[@]}"} "$@" ;;
   -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 esac
 

@@ -32,6 +32,15 @@ atexit.register(_exit_without_native_teardown)
 def pytest_sessionfinish(session, exitstatus):
     _SUITE_EXIT_STATUS.append(int(exitstatus))
 
+# Under pytest-xdist (`bash run.sh test`: two workers) the workers share the cores: each worker's torch, and every
+# process it starts that sets no threads of its own, gets cores // workers threads. Each worker at torch's default
+# (every core) oversubscribed the machine: the suite took 721 s instead of 554 s, with 40% more CPU time spent
+# (OpenMP threads spinning for a core), and a replica starved by the other worker failed its fair-share check.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    if "torch" in sys.modules:                      # (imported already by a plugin: its pool is sized at first use)
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

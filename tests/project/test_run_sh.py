@@ -54,7 +54,8 @@ def run_sh(tmp_path):
 
     def run(*args, **env):
         proc = subprocess.run(["bash", str(REPO_ROOT / "run.sh"), *args], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "VENV": str(venv), "FAKE_STATE": str(tmp_path), **env})
+                              env={**{k: v for k, v in os.environ.items() if k != "GRPO_TEST_WORKERS"},
+                                   "VENV": str(venv), "FAKE_STATE": str(tmp_path), **env})
         calls = tmp_path / "calls"
         proc.calls = calls.read_text().splitlines() if calls.exists() else []
         return proc
@@ -109,12 +110,27 @@ def test_a_server_that_never_becomes_healthy_fails_the_run(run_sh):
 
 
 def test_test_command_runs_the_fast_suite_by_default_and_takes_a_marker(run_sh):
-    assert run_sh("test", "-q").calls == ["-m pytest -m not slow -q"]
+    two = "-n 2 --dist loadfile"       # the default and fast tiers: two xdist workers, one file per worker
+    assert run_sh("test", "-q").calls == [f"-m pytest -m not slow {two} -q"]
+    # a marker of the caller's (the slow and real-size tiers) runs in one process, as does a -n or no:xdist of theirs
     assert run_sh("test", "-m", "slow", "tests/x.py").calls[-1] == "-m pytest -m slow tests/x.py"
     assert run_sh("test", "-mserver").calls[-1] == "-m pytest -mserver"
+    assert run_sh("test", "-n", "0", "-x").calls[-1] == "-m pytest -m not slow -n 0 -x"
+    assert run_sh("test", "-p", "no:xdist").calls[-1] == "-m pytest -m not slow -p no:xdist"
+    assert run_sh("test", "-q", GRPO_TEST_WORKERS="3").calls[-1] == "-m pytest -m not slow -n 3 --dist loadfile -q"
     fast = "-m pytest -m not slow and not server and not vllm and not verl and not realsize and not fullsize"
-    assert run_sh("test", "fast").calls[-1] == fast
-    assert run_sh("test", "fast", "tests/speech", "-x").calls[-1] == fast + " tests/speech -x"
+    assert run_sh("test", "fast").calls[-1] == f"{fast} {two}"
+    assert run_sh("test", "fast", "tests/speech", "-x").calls[-1] == f"{fast} {two} tests/speech -x"
+
+
+def test_xdist_workers_share_the_cores_instead_of_each_taking_them_all():
+    """Under `bash run.sh test`'s workers, torch's threads in one worker times the workers fit the cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        pytest.skip("not run by two or more xdist workers")
+    import torch
+    cores = os.cpu_count() or 1
+    assert torch.get_num_threads() * workers <= max(cores, workers), (torch.get_num_threads(), workers, cores)
 
 
 def slow_tests(root) -> list[str]:
