@@ -12,7 +12,7 @@
 #   bash run.sh                          the whole pipeline on the tiny profile (sets up .venv if missing)
 #   bash run.sh setup                    create/update .venv
 #   bash run.sh test [pytest args]       the test suite on 2 xdist workers (slow tests opt-in: -m slow, in one process)
-#   bash run.sh test fast [pytest args]  the unit tier: no server, vLLM engine, verl or model past the tiny one (~3 min)
+#   bash run.sh test fast [pytest args]  the unit tier: no server, vLLM engine, verl or model past the tiny one (~2 min)
 #   bash run.sh START STOP [key=value]   stages START..STOP with Hydra overrides, e.g.
 #                                        bash run.sh 0 0 data.train_file=my.jsonl
 #                                        bash run.sh -1 5 profile=cosyvoice2
