@@ -37,9 +37,12 @@ def pytest_sessionfinish(session, exitstatus):
 # (every core) oversubscribed the machine: the suite took 721 s instead of 554 s, with 40% more CPU time spent
 # (OpenMP threads spinning for a core), and a replica starved by the other worker failed its fair-share check.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    from grpo.node.device import cores_share
+
+    _WORKER_THREADS = cores_share(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_WORKER_THREADS)
     if "torch" in sys.modules:                      # (imported already by a plugin: its pool is sized at first use)
-        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        sys.modules["torch"].set_num_threads(_WORKER_THREADS)
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -10,6 +10,7 @@ under /usr/local/cuda/compat) run a newer CUDA on an older driver, and a working
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -19,6 +20,12 @@ from omegaconf import DictConfig
 # Corresponding Driver Versions", minor-version compatibility): the GPU image is CUDA 13.0 (Dockerfile)
 MIN_DRIVER = {13: (580, 0), 12: (525, 60)}
 CHOICES = ("cuda", "cpu", "auto")
+
+
+def cores_share(sharers: int) -> int:
+    """This machine's cores split evenly among processes that share it (verl's CPU nodes, pytest-xdist workers):
+    the torch threads each should use, at least one."""
+    return max(1, (os.cpu_count() or 1) // sharers)
 
 
 class DeviceError(SystemExit):

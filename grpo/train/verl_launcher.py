@@ -27,6 +27,7 @@ from grpo.config import REPO_ROOT
 from grpo.decoding import logits_processors, rollout_correction
 from grpo.layout import TrainDir
 from grpo.node.cluster_check import check_nodes
+from grpo.node.device import cores_share
 from grpo.node.device import resolve as resolve_device
 from grpo.speech.components import gdpo_components
 from grpo.train.metrics_log import components_to_tensorboard, metrics_from_verl, plot_curves, write_metrics
@@ -105,7 +106,7 @@ def cpu_env(nnodes: int) -> dict:
     computed its log-probs and updates on one of this machine's two cores (measured at real size: 99 % of a core
     through a 52 s update). The nodes of verl's CPU platform share this machine (the two-node test): each gets its
     share of the cores. vLLM's CPU worker sets its own (one core is its scheduler's)."""
-    return {**CPU_ENV, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nnodes))}
+    return {**CPU_ENV, "OMP_NUM_THREADS": str(cores_share(nnodes))}
 
 
 def existing_cluster() -> str | None:
