@@ -26,8 +26,10 @@ def test_main_ppo_trains_two_steps_through_a_reward_server_killed_mid_step_then_
     SIGKILLed with its Ray (every process under it) once it has scored the first training item of step 1, then
     started again on the same port; verl's reward workers retry within reward.client.retry_budget_s, so every
     sample of both steps is scored exactly once -- step 1's by the old server and the new one -- and nothing lands
-    in the failure log. One item per request, one request at a time, so step 1's 16 items take many round trips
-    and the kill lands inside the step."""
+    in the failure log. One item per request, one request at a time, and the old server holds each request for
+    its batch window (reward.batch_wait_timeout_s=1: a second an item), so step 1's 16 items take 16 s and the
+    kill, a poll (50 ms) after the step's first item, lands inside the step on a loaded machine too (at the default
+    10 ms window the step took well under a second and one CI run saw all 16 scored before the kill)."""
     import threading
     import time
 
@@ -39,7 +41,7 @@ def test_main_ppo_trains_two_steps_through_a_reward_server_killed_mid_step_then_
 
     one_at_a_time = ["reward.client.max_items_per_request=1", "reward.client.max_concurrency=1"]
     server_args = [f"exp_dir={tiny_exp}", *FAST_TINY, "reward.backend=synthetic", *one_at_a_time]
-    old = ServerProcess(server_args, log_path=tmp_path / "server-old.log").wait()
+    old = ServerProcess([*server_args, "reward.batch_wait_timeout_s=1.0"], log_path=tmp_path / "server-old.log").wait()
     out = tmp_path / "train"
     cfg = tiny_cfg("train.engine=verl", f"train.out_dir={out}", "train.total_steps=2", "train.save_freq=2",
                    "train.batch_size=4", "train.n=4", f"reward.port={old.port}", "train.verl.timeout_s=900",
